@@ -1,0 +1,329 @@
+"""The per-client agent step (ALGORITHM.md §2–§6), vectorised over clients.
+
+One call of :func:`agent_step` is one round ``t`` for a batch of clients:
+controller (arm) choice → entry test → route distribution → hard route →
+state update (EXP3 feedback, episode counters).  The Flower ClientApp calls it
+with a batch of one client, the batched simulator with all clients at once.
+
+Timing conventions (``docs/algorithm.md``):
+
+* Block mode: arms are drawn at rounds ``t ≡ 0 (mod B)`` and updated after
+  rounds ``t ≡ B-1 (mod B)``.  A client in a forced episode draws no arm.
+* Action mode: a client with no action in force draws an arm; Greedy, Rank
+  Hedge, Reversal and Commitment actions last one round; a hysteresis action
+  lasts until its episode is released (release round included), or one round
+  if its entry test finds no qualifying candidate.
+* A client with no arm in force (before its first draw after a forced
+  episode) acts greedily and gives no EXP3 feedback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.client import controllers as ctl
+from fedroute.client.entry import entry_candidates, entry_decision
+from fedroute.client.exp3 import arm_probabilities, expected_route_loss, importance_weighted_update
+from fedroute.client.randomness import Purpose, categorical, uniform
+from fedroute.client.settings import RoutingSettings
+
+__all__ = ["AgentState", "RoundDecision", "BenefitFunction", "agent_step", "CONTROLLER_INDEX"]
+
+CONTROLLER_INDEX = {name: index for index, name in enumerate(ctl.CONTROLLER_IDS)}
+"""Controller id → integer code used in decisions and replies."""
+
+BenefitFunction = Callable[[NDArray[np.bool_], NDArray[np.int64]], NDArray[np.float64]]
+"""``benefit_fn(candidate_mask (n, K), greedy_routes (n,)) -> benefits (n, K)``
+(see :func:`fedroute.client.entry.entry_benefits`)."""
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """Controller state of a batch of clients (leading axis = clients).
+
+    Attributes
+    ----------
+    exp3_log_weights : ndarray, shape (n, A)
+        EXP3 log-weights ``v``.
+    arm : ndarray of int, shape (n,)
+        Arm in force (index into ``settings.controllers``), ``-1`` for none.
+    arm_probability : ndarray, shape (n,)
+        ``p(R)`` when the arm in force was drawn.
+    feedback_sum : ndarray, shape (n,)
+        Sum of per-round feedback since the arm was drawn.
+    feedback_rounds : ndarray of int, shape (n,)
+        Rounds summed in ``feedback_sum``.
+    hysteresis_target : ndarray of int, shape (n,)
+        Episode target ``c``, ``-1`` outside an episode.
+    hysteresis_count : ndarray of int, shape (n,)
+        Completed target updates ``d`` of the episode.
+    forced_episode : ndarray of bool, shape (n,)
+        The episode came from synchronized entry (no EXP3 updates during it).
+    previous_route : ndarray of int, shape (n,)
+        Last executed hard route, ``-1`` before the first round.
+    rounds_played : ndarray of int, shape (n,)
+        Rounds this client has taken part in.
+    """
+
+    exp3_log_weights: NDArray[np.float64]
+    arm: NDArray[np.int64]
+    arm_probability: NDArray[np.float64]
+    feedback_sum: NDArray[np.float64]
+    feedback_rounds: NDArray[np.int64]
+    hysteresis_target: NDArray[np.int64]
+    hysteresis_count: NDArray[np.int64]
+    forced_episode: NDArray[np.bool_]
+    previous_route: NDArray[np.int64]
+    rounds_played: NDArray[np.int64]
+
+    @classmethod
+    def initial(cls, num_clients: int, settings: RoutingSettings) -> "AgentState":
+        """Fresh state: zero log-weights, no arm, no episode, no previous route."""
+        minus_one = np.full(num_clients, -1, dtype=np.int64)
+        zeros_int = np.zeros(num_clients, dtype=np.int64)
+        return cls(
+            exp3_log_weights=np.zeros((num_clients, settings.num_arms)),
+            arm=minus_one.copy(),
+            arm_probability=np.ones(num_clients),
+            feedback_sum=np.zeros(num_clients),
+            feedback_rounds=zeros_int.copy(),
+            hysteresis_target=minus_one.copy(),
+            hysteresis_count=zeros_int.copy(),
+            forced_episode=np.zeros(num_clients, dtype=bool),
+            previous_route=minus_one.copy(),
+            rounds_played=zeros_int.copy(),
+        )
+
+    def to_arrays(self) -> dict[str, NDArray]:
+        """Field name → array (for serialisation)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, NDArray]) -> "AgentState":
+        """Inverse of :meth:`to_arrays`; missing fields raise ``KeyError``."""
+        return cls(**{field.name: np.asarray(arrays[field.name]) for field in fields(cls)})
+
+    def select(self, index: NDArray[np.int64]) -> "AgentState":
+        """The state of a subset of clients (rows ``index``)."""
+        return AgentState(**{name: value[index] for name, value in self.to_arrays().items()})
+
+    def scatter(self, index: NDArray[np.int64], part: "AgentState") -> "AgentState":
+        """A copy with rows ``index`` replaced by ``part`` (inverse of :meth:`select`)."""
+        merged = {}
+        for name, value in self.to_arrays().items():
+            value = value.copy()
+            value[index] = getattr(part, name)
+            merged[name] = value
+        return AgentState(**merged)
+
+
+@dataclass(frozen=True)
+class RoundDecision:
+    """What a batch of clients decided in one round.
+
+    Attributes
+    ----------
+    routes : ndarray of int, shape (n,)
+        Hard routes ``r``.
+    route_distributions : ndarray, shape (n, K)
+        ``π``.
+    controller : ndarray of int, shape (n,)
+        Code (:data:`CONTROLLER_INDEX`) of the controller executed.
+    arm : ndarray of int, shape (n,)
+        EXP3 arm in force during the round (``-1`` for none).
+    feedback : ndarray, shape (n,)
+        Expected hard-route loss ``f`` (normalised).
+    entered : ndarray of bool, shape (n,)
+        Entered a hysteresis episode this round.
+    released : ndarray of bool, shape (n,)
+        Released from an episode this round.
+    exp3_updated : ndarray of bool, shape (n,)
+        Made an EXP3 update at the end of this round.
+    """
+
+    routes: NDArray[np.int64]
+    route_distributions: NDArray[np.float64]
+    controller: NDArray[np.int64]
+    arm: NDArray[np.int64]
+    feedback: NDArray[np.float64]
+    entered: NDArray[np.bool_]
+    released: NDArray[np.bool_]
+    exp3_updated: NDArray[np.bool_]
+
+
+def _draw_arms(
+    state: AgentState, needs_arm: NDArray[np.bool_], settings: RoutingSettings,
+    seed: int, client_ids: NDArray[np.int64], round_index: int,
+) -> AgentState:
+    """Draw a fresh arm ``R ~ p`` for the clients in ``needs_arm``; reset their feedback."""
+    if not needs_arm.any():
+        return state
+    probabilities = arm_probabilities(state.exp3_log_weights, settings.exp3_exploration)
+    draws = categorical(probabilities, uniform(seed, client_ids, round_index, Purpose.ARM))
+    drawn_probability = np.take_along_axis(probabilities, draws[:, None], axis=-1)[:, 0]
+    return replace(
+        state,
+        arm=np.where(needs_arm, draws, state.arm),
+        arm_probability=np.where(needs_arm, drawn_probability, state.arm_probability),
+        feedback_sum=np.where(needs_arm, 0.0, state.feedback_sum),
+        feedback_rounds=np.where(needs_arm, 0, state.feedback_rounds),
+    )
+
+
+def agent_step(
+    state: AgentState,
+    settings: RoutingSettings,
+    losses: NDArray[np.float64],
+    previous_masses: Optional[NDArray[np.float64]],
+    round_index: int,
+    client_ids: NDArray[np.int64],
+    seed: int,
+    benefit_fn: Optional[BenefitFunction] = None,
+) -> tuple[AgentState, RoundDecision]:
+    """One routing round for a batch of clients.
+
+    Parameters
+    ----------
+    state : AgentState
+        Controller state before the round.
+    settings : RoutingSettings
+        Routing hyper-parameters.
+    losses : ndarray, shape (n, K)
+        ``ℓ_ik^t``: each client's mean training loss of every cluster model.
+    previous_masses : ndarray, shape (K,), or None
+        Broadcast masses ``μ^{t-1}`` (provisional masses at a synchronized-entry
+        round); ``None`` before any masses exist.
+    round_index : int
+        The paper's round ``t`` (0-based).
+    client_ids : ndarray of int, shape (n,)
+        Global client ids (the randomness coordinates).
+    seed : int
+        Run seed.
+    benefit_fn : BenefitFunction, optional
+        Computes entry benefits; required when an entry test can run
+        (synchronized entry or a ``hys`` arm).
+
+    Returns
+    -------
+    new_state : AgentState
+    decision : RoundDecision
+    """
+    losses = np.asarray(losses, dtype=np.float64)
+    num_clients, num_clusters = losses.shape
+    if num_clusters != settings.num_clusters:
+        raise ValueError(f"losses has {num_clusters} columns; expected num_clusters = {settings.num_clusters}")
+    client_ids = np.asarray(client_ids, dtype=np.int64)
+    greedy_choice = ctl.greedy_routes(losses)
+    arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
+    greedy_code, hysteresis_code = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]
+    entry_round = settings.synchronized_entry and round_index == 0
+
+    # 1. Controller (arm) choice.
+    if entry_round:
+        needs_arm = np.zeros(num_clients, dtype=bool)
+    elif settings.exp3_mode == "block":
+        needs_arm = np.full(num_clients, round_index % settings.block_length == 0) & ~state.forced_episode
+        # A new block ends any unforced episode.
+        ended = needs_arm & (state.hysteresis_target >= 0)
+        state = replace(
+            state,
+            hysteresis_target=np.where(ended, -1, state.hysteresis_target),
+            hysteresis_count=np.where(ended, 0, state.hysteresis_count),
+        )
+    else:
+        needs_arm = (state.arm < 0) & ~state.forced_episode & (state.hysteresis_target < 0)
+    state = _draw_arms(state, needs_arm, settings, seed, client_ids, round_index)
+    has_arm = state.arm >= 0
+    arm_code = np.where(has_arm, arm_codes[np.maximum(state.arm, 0)], -1)
+
+    # 2. Entry test: everyone at a synchronized-entry round, else fresh hys arms.
+    wants_entry = np.ones(num_clients, dtype=bool) if entry_round else needs_arm & (arm_code == hysteresis_code)
+    entered = np.zeros(num_clients, dtype=bool)
+    if wants_entry.any() and previous_masses is not None:
+        candidates = entry_candidates(np.asarray(previous_masses, dtype=np.float64), greedy_choice,
+                                      settings.reversal_mass_threshold) & wants_entry[:, None]
+        if candidates.any():
+            if benefit_fn is None:
+                raise ValueError("benefit_fn is required when an entry test runs")
+            qualifies, targets = entry_decision(benefit_fn(candidates, greedy_choice), settings.entry_threshold)
+            entered = qualifies
+            state = replace(
+                state,
+                hysteresis_target=np.where(entered, targets, state.hysteresis_target),
+                hysteresis_count=np.where(entered, 0, state.hysteresis_count),
+                forced_episode=state.forced_episode | (entered & entry_round),
+            )
+
+    # 3. Episodes: continue, or release (Greedy this round).
+    in_episode = state.hysteresis_target >= 0
+    target = np.maximum(state.hysteresis_target, 0)
+    target_loss = np.take_along_axis(losses, target[:, None], axis=-1)[:, 0]
+    best_loss = losses.min(axis=-1)
+    gap = np.divide(target_loss, best_loss, out=np.ones_like(best_loss), where=best_loss > 0) - 1.0
+    may_release = in_episode & ~entered & (state.hysteresis_count >= settings.hysteresis_min_rounds)
+    released = may_release & ((gap <= settings.hysteresis_exit_gap)
+                              | (state.hysteresis_count >= settings.hysteresis_max_rounds))
+    follows_target = in_episode & ~released
+
+    # 4. Route distributions per executed controller.
+    executed = np.where(follows_target, hysteresis_code, np.where(has_arm, arm_code, greedy_code))
+    executed = np.where((executed == hysteresis_code) & ~follows_target, greedy_code, executed)
+    distributions = ctl.greedy(losses)
+    rows = executed == CONTROLLER_INDEX[ctl.RANK_HEDGE]
+    if rows.any():
+        distributions[rows] = ctl.rank_hedge(losses[rows], settings.rank_hedge_temperature)
+    rows = executed == CONTROLLER_INDEX[ctl.REVERSAL]
+    if rows.any():
+        masses = np.zeros(num_clusters) if previous_masses is None else np.asarray(previous_masses)
+        distributions[rows] = ctl.reversal(losses[rows], masses)
+    rows = executed == CONTROLLER_INDEX[ctl.COMMITMENT]
+    if rows.any():
+        distributions[rows] = ctl.commitment(losses[rows], state.previous_route[rows], settings.commitment_margin)
+    if follows_target.any():
+        distributions[follows_target] = ctl.one_hot(state.hysteresis_target[follows_target], num_clusters)
+
+    # 5. Hard route and feedback.
+    routes = categorical(distributions, uniform(seed, client_ids, round_index, Purpose.ROUTE))
+    feedback = expected_route_loss(distributions, losses)
+    learns = has_arm & settings.selects_controllers
+    feedback_sum = state.feedback_sum + np.where(learns, feedback, 0.0)
+    feedback_rounds = state.feedback_rounds + learns.astype(np.int64)
+
+    # 6. Action / block completion and the EXP3 update.
+    if settings.exp3_mode == "block":
+        completes = has_arm & np.full(num_clients, round_index % settings.block_length == settings.block_length - 1)
+    else:
+        completes = has_arm & ~follows_target
+    updates = completes & learns & (feedback_rounds > 0)
+    log_weights = importance_weighted_update(
+        state.exp3_log_weights, state.arm, feedback_sum / np.maximum(feedback_rounds, 1),
+        state.arm_probability, settings.exp3_learning_rate, updates,
+    )
+    keeps_arm = has_arm & ~(completes & (settings.exp3_mode == "action"))
+    new_state = AgentState(
+        exp3_log_weights=log_weights,
+        arm=np.where(keeps_arm, state.arm, -1),
+        arm_probability=state.arm_probability,
+        feedback_sum=np.where(completes, 0.0, feedback_sum),
+        feedback_rounds=np.where(completes, 0, feedback_rounds),
+        hysteresis_target=np.where(follows_target, state.hysteresis_target, -1),
+        hysteresis_count=np.where(follows_target, state.hysteresis_count + 1, 0),
+        forced_episode=state.forced_episode & follows_target,
+        previous_route=routes,
+        rounds_played=state.rounds_played + 1,
+    )
+    decision = RoundDecision(
+        routes=routes,
+        route_distributions=distributions,
+        controller=executed.astype(np.int64),
+        arm=np.where(has_arm, state.arm, -1),
+        feedback=feedback,
+        entered=entered,
+        released=released,
+        exp3_updated=updates,
+    )
+    return new_state, decision

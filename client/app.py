@@ -1,0 +1,118 @@
+"""The fedroute ClientApp (thin): one client's routing round on Flower messages.
+
+``TRAIN``: compute the losses of all ``K`` broadcast models, run the agent
+step (controller choice, route, episode), train the routed model, reply with
+one ArrayRecord (the trained model) and one MetricRecord.  ``QUERY``
+(synchronized entry, step 1): report the Greedy choice only.  ``EVALUATE``:
+report every model's loss on the train and held-out split.
+
+The client's data come from ``node_config["partition-id"]`` and the run config
+(task settings); its controller state lives in ``Context.state``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedroute import protocol
+from fedroute.client.round import client_round, provisional_greedy_routes
+from fedroute.client.settings import RoutingSettings
+from fedroute.client.state_store import load_agent_state, save_agent_state
+from fedroute.strategies.records import array_record
+from fedroute.tasks.base import ClientBatch
+from fedroute.tasks.registry import task_from_config
+
+__all__ = ["app"]
+
+app = ClientApp()
+
+
+def _client(context: Context) -> ClientBatch:
+    """This node's data (a batch of one client)."""
+    if "partition-id" not in context.node_config:
+        raise ValueError("node config needs 'partition-id' (and 'num-partitions'); "
+                         "pass --node-config 'partition-id=<i> num-partitions=<n>'")
+    partition_id = int(context.node_config["partition-id"])
+    return task_from_config(context.run_config).clients(np.array([partition_id]))
+
+
+def _cluster_models(message: Message, num_clusters: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The broadcast models as a (K, P) float array, and cluster 0's arrays as the template."""
+    arrays = [
+        {name: array.numpy() for name, array in message.content[protocol.cluster_key(k)].items()}
+        for k in range(num_clusters)
+    ]
+    return np.stack([protocol.flatten_arrays(model) for model in arrays]), arrays[0]
+
+
+def _settings(config: dict[str, Any]) -> RoutingSettings:
+    return RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
+
+
+def _reply(message: Message, metrics: dict[str, Any], model: ArrayRecord | None = None) -> Message:
+    content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
+    if model is not None:
+        content[protocol.MODEL] = model
+    return Message(content=content, reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """One routing round: losses → agent step → local training of the routed model."""
+    config = dict(message.content[protocol.CONFIG].items())
+    settings = _settings(config)
+    models, template = _cluster_models(message, settings.num_clusters)
+    clients = _client(context)
+    run_key = str(config[protocol.RUN_KEY])
+    masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
+    result = client_round(
+        clients, load_agent_state(context, run_key, settings), settings, models, masses,
+        int(config[protocol.ROUND_INDEX]), int(config[protocol.SEED]),
+    )
+    save_agent_state(context, run_key, result.state)
+    decision = result.decision
+    trained = protocol.unflatten_arrays(result.trained_models[0], template)
+    return _reply(message, {
+        protocol.CLUSTER: int(decision.routes[0]),
+        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
+        protocol.CLIENT_ID: int(clients.client_ids[0]),
+        protocol.LOSSES: [float(v) for v in result.losses[0]],
+        protocol.ROUTE_DISTRIBUTION: [float(v) for v in decision.route_distributions[0]],
+        protocol.CONTROLLER: int(decision.controller[0]),
+        protocol.ARM: int(decision.arm[0]),
+        protocol.FEEDBACK: float(decision.feedback[0]),
+        protocol.ENTERED: int(decision.entered[0]),
+        protocol.RELEASED: int(decision.released[0]),
+    }, array_record(trained))
+
+
+@app.query()
+def provisional(message: Message, context: Context) -> Message:
+    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained)."""
+    config = dict(message.content[protocol.CONFIG].items())
+    models, _ = _cluster_models(message, _settings(config).num_clusters)
+    clients = _client(context)
+    return _reply(message, {
+        protocol.CLUSTER: int(provisional_greedy_routes(clients, models)[0]),
+        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
+        protocol.CLIENT_ID: int(clients.client_ids[0]),
+    })
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    """Controller-free evaluation: every model's loss on both splits (and the group label)."""
+    config = dict(message.content[protocol.CONFIG].items())
+    models, _ = _cluster_models(message, _settings(config).num_clusters)
+    clients = _client(context)
+    return _reply(message, {
+        protocol.CLIENT_ID: int(clients.client_ids[0]),
+        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
+        protocol.TRAIN_LOSSES: [float(v) for v in clients.losses(models, "train")[0]],
+        protocol.TEST_LOSSES: [float(v) for v in clients.losses(models, "test")[0]],
+        protocol.GROUP: int(clients.groups[0]),
+    })

@@ -1,0 +1,85 @@
+"""Routing controllers (ALGORITHM.md §3): loss vectors to route distributions.
+
+Every function is vectorised over a leading axis of clients: ``losses`` has
+shape ``(n, K)`` and the result ``(n, K)`` holds one distribution per client.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "CONTROLLER_IDS",
+    "GREEDY",
+    "RANK_HEDGE",
+    "REVERSAL",
+    "COMMITMENT",
+    "HYSTERESIS",
+    "greedy_routes",
+    "one_hot",
+    "greedy",
+    "rank_hedge",
+    "reversal",
+    "commitment",
+]
+
+GREEDY, RANK_HEDGE, REVERSAL, COMMITMENT, HYSTERESIS = "gr", "rh", "rev", "com", "hys"
+CONTROLLER_IDS = (GREEDY, RANK_HEDGE, REVERSAL, COMMITMENT, HYSTERESIS)
+
+
+def greedy_routes(losses: NDArray[np.float64]) -> NDArray[np.int64]:
+    """Lowest-loss cluster per client, ties to the lowest index."""
+    return np.argmin(losses, axis=-1).astype(np.int64)
+
+
+def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]:
+    """Point-mass distributions ``e_r`` for integer routes ``(n,)``."""
+    return np.eye(num_clusters, dtype=np.float64)[routes]
+
+
+def greedy(losses: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Greedy (IFCA): ``π = e_{argmin_k ℓ_k}``, ties to the lowest index."""
+    return one_hot(greedy_routes(losses), losses.shape[-1])
+
+
+def rank_hedge(losses: NDArray[np.float64], temperature: float) -> NDArray[np.float64]:
+    """Rank Hedge: ``π(k) ∝ exp(-β · rank(k))``, rank 0 = lowest loss.
+
+    Ties in loss are ranked by cluster index (stable sort), so the result is
+    deterministic.  ``temperature = 0`` gives the uniform distribution.
+    """
+    order = np.argsort(losses, axis=-1, kind="stable")
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(losses.shape[-1])[None, :].repeat(len(losses), 0), axis=-1)
+    weights = np.exp(-temperature * ranks.astype(np.float64))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def reversal(losses: NDArray[np.float64], masses: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Reversal: route to the cluster with the smallest broadcast mass.
+
+    Ties in mass go to the lower loss, then to the lower index.  ``masses`` is
+    ``(K,)`` (broadcast to all clients) or ``(n, K)``.
+    """
+    masses = np.broadcast_to(masses, losses.shape)
+    is_lightest = masses <= masses.min(axis=-1, keepdims=True)
+    tie_broken = np.where(is_lightest, losses, np.inf)
+    return one_hot(greedy_routes(tie_broken), losses.shape[-1])
+
+
+def commitment(
+    losses: NDArray[np.float64], previous_routes: NDArray[np.int64], margin: float
+) -> NDArray[np.float64]:
+    """Commitment: keep the previous route unless another is better by ``margin``.
+
+    Switch to ``argmin ℓ`` only if ``min ℓ < (1 - δ) ℓ_prev``; a client with no
+    previous route (``-1``) acts greedily.
+    """
+    best = greedy_routes(losses)
+    has_previous = previous_routes >= 0
+    safe_previous = np.where(has_previous, previous_routes, 0)
+    previous_loss = np.take_along_axis(losses, safe_previous[:, None], axis=-1)[:, 0]
+    switch = losses.min(axis=-1) < (1.0 - margin) * previous_loss
+    routes = np.where(has_previous & ~switch, safe_previous, best)
+    return one_hot(routes, losses.shape[-1])

@@ -1,0 +1,87 @@
+"""One client round on a batch of clients: losses → agent step → local training.
+
+Both runtimes call :func:`client_round`: the Flower ClientApp with a batch of
+one client, the batched simulator with all clients.  Nothing here knows which
+runtime it serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.client.agent import AgentState, RoundDecision, agent_step
+from fedroute.client.controllers import greedy_routes
+from fedroute.client.entry import entry_benefits
+from fedroute.client.settings import RoutingSettings
+from fedroute.tasks.base import ClientBatch
+
+__all__ = ["ClientRound", "client_round", "provisional_greedy_routes"]
+
+
+@dataclass(frozen=True)
+class ClientRound:
+    """Result of :func:`client_round` for a batch of clients."""
+
+    state: AgentState
+    """Controller state after the round."""
+    decision: RoundDecision
+    """Routes, distributions, controllers, feedback, episode events."""
+    losses: NDArray[np.float64]
+    """``ℓ_ik^t`` before training, shape (n, K)."""
+    trained_models: NDArray[np.floating]
+    """``w_i^+``: each client's routed model after local training, shape (n, P)."""
+
+
+def client_round(
+    clients: ClientBatch,
+    state: AgentState,
+    settings: RoutingSettings,
+    cluster_models: NDArray[np.floating],
+    previous_masses: Optional[NDArray[np.float64]],
+    round_index: int,
+    seed: int,
+) -> ClientRound:
+    """Run round ``t`` of ALGORITHM.md §2 step 2 for every client of the batch.
+
+    Parameters
+    ----------
+    clients : ClientBatch
+        The clients' data (their loss and local update).
+    state : AgentState
+        Their controller state before the round.
+    settings : RoutingSettings
+        Routing hyper-parameters.
+    cluster_models : ndarray, shape (K, P)
+        Broadcast ``W^t``.
+    previous_masses : ndarray, shape (K,), or None
+        Broadcast ``μ^{t-1}`` (provisional masses at a synchronized-entry round).
+    round_index : int
+        ``t`` (0-based).
+    seed : int
+        Run seed.
+
+    Returns
+    -------
+    ClientRound
+    """
+    losses = clients.losses(cluster_models)
+
+    def benefit_fn(candidate_mask: NDArray[np.bool_], greedy_choice: NDArray[np.int64]) -> NDArray[np.float64]:
+        return entry_benefits(cluster_models, candidate_mask, greedy_choice, clients.local_update, round_index)
+
+    new_state, decision = agent_step(
+        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn
+    )
+    trained = clients.local_update(
+        cluster_models[decision.routes], np.arange(len(decision.routes)), round_index
+    )
+    return ClientRound(state=new_state, decision=decision, losses=losses, trained_models=trained)
+
+
+def provisional_greedy_routes(clients: ClientBatch, cluster_models: NDArray[np.floating]) -> NDArray[np.int64]:
+    """Step 1 of synchronized entry: each client's Greedy choice at ``W^0`` (nothing trained)."""
+    return greedy_routes(clients.losses(cluster_models))

@@ -1,0 +1,126 @@
+"""Routing settings shared by the client agent, the strategy and the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from fedroute.client.controllers import CONTROLLER_IDS
+
+__all__ = ["RoutingSettings", "EXP3_MODES"]
+
+EXP3_MODES = ("block", "action")
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    """Every routing hyper-parameter of ALGORITHM.md §3–§6.
+
+    Parameters
+    ----------
+    num_clusters : int
+        ``K``, the number of cluster models (≥ 1).
+    controllers : tuple of str
+        The EXP3 arms, controller ids from ``gr, rh, rev, com, hys``.  One
+        controller means no selection (``("gr",)`` is Greedy IFCA).
+    exp3_mode : {"block", "action"}
+        Fixed blocks of ``block_length`` rounds, or one arm per completed action.
+    block_length : int
+        ``B`` (≥ 1), rounds per block in block mode.
+    exp3_learning_rate : float
+        ``η_EXP3`` (> 0).
+    exp3_exploration : float
+        ``γ`` in ``[0, 1]``: uniform mixing of the EXP3 probabilities.
+    rank_hedge_temperature : float
+        ``β_rh`` (≥ 0); 0 makes Rank Hedge uniform.
+    commitment_margin : float
+        ``δ_com`` in ``[0, 1)``.
+    reversal_mass_threshold : float
+        ``μ_rev`` in ``[0, 1]``: clusters with mass below it are entry candidates.
+    entry_threshold : float
+        ``τ`` in ``[-1, 1]``: a client enters if its smallest benefit is ``≤ τ``.
+    hysteresis_min_rounds : int
+        ``H_min`` (≥ 1).
+    hysteresis_exit_gap : float
+        ``ε_exit`` (≥ 0).
+    hysteresis_max_rounds : int
+        ``H_max`` (≥ ``H_min``).
+    synchronized_entry : bool
+        Run the synchronized entry of §6 before the first training round.
+    """
+
+    num_clusters: int = 2
+    controllers: tuple[str, ...] = ("gr", "rh")
+    exp3_mode: str = "block"
+    block_length: int = 10
+    exp3_learning_rate: float = 2.0
+    exp3_exploration: float = 0.001
+    rank_hedge_temperature: float = 0.0
+    commitment_margin: float = 0.05
+    reversal_mass_threshold: float = 0.20
+    entry_threshold: float = 0.0
+    hysteresis_min_rounds: int = 5
+    hysteresis_exit_gap: float = 0.005
+    hysteresis_max_rounds: int = 160
+    synchronized_entry: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "controllers", tuple(self.controllers))
+        _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
+        _check(len(self.controllers) >= 1, "controllers", self.controllers,
+               f"a non-empty subset of {sorted(CONTROLLER_IDS)}")
+        for name in self.controllers:
+            _check(name in CONTROLLER_IDS, "controllers", name, f"one of {sorted(CONTROLLER_IDS)}")
+        _check(len(set(self.controllers)) == len(self.controllers), "controllers",
+               self.controllers, "distinct controller ids")
+        _check(self.exp3_mode in EXP3_MODES, "exp3_mode", self.exp3_mode, f"one of {EXP3_MODES}")
+        _check(self.block_length >= 1, "block_length", self.block_length, "an integer ≥ 1")
+        _check(self.exp3_learning_rate > 0, "exp3_learning_rate", self.exp3_learning_rate, "> 0")
+        _check(0.0 <= self.exp3_exploration <= 1.0, "exp3_exploration", self.exp3_exploration, "[0, 1]")
+        _check(self.rank_hedge_temperature >= 0, "rank_hedge_temperature",
+               self.rank_hedge_temperature, "≥ 0")
+        _check(0.0 <= self.commitment_margin < 1.0, "commitment_margin", self.commitment_margin, "[0, 1)")
+        _check(0.0 <= self.reversal_mass_threshold <= 1.0, "reversal_mass_threshold",
+               self.reversal_mass_threshold, "[0, 1]")
+        _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
+        _check(self.hysteresis_min_rounds >= 1, "hysteresis_min_rounds",
+               self.hysteresis_min_rounds, "an integer ≥ 1")
+        _check(self.hysteresis_exit_gap >= 0, "hysteresis_exit_gap", self.hysteresis_exit_gap, "≥ 0")
+        _check(self.hysteresis_max_rounds >= self.hysteresis_min_rounds, "hysteresis_max_rounds",
+               self.hysteresis_max_rounds, f"an integer ≥ hysteresis_min_rounds ({self.hysteresis_min_rounds})")
+        if self.synchronized_entry or "hys" in self.controllers:
+            _check(self.num_clusters >= 2, "num_clusters", self.num_clusters,
+                   "≥ 2 when entry or hysteresis is used")
+
+    @property
+    def num_arms(self) -> int:
+        """Number of EXP3 arms ``|Π|``."""
+        return len(self.controllers)
+
+    @property
+    def selects_controllers(self) -> bool:
+        """Whether EXP3 chooses among several controllers."""
+        return len(self.controllers) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (controllers as a comma-separated string)."""
+        values = asdict(self)
+        values["controllers"] = ",".join(self.controllers)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RoutingSettings":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        known = {field.name for field in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown routing settings {sorted(unknown)}; allowed: {sorted(known)}")
+        values = dict(values)
+        if isinstance(values.get("controllers"), str):
+            values["controllers"] = tuple(c.strip() for c in values["controllers"].split(",") if c.strip())
+        return cls(**values)
+
+
+def _check(condition: bool, name: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"routing setting '{name}' = {value!r} is invalid; allowed: {allowed}")

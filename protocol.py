@@ -1,0 +1,94 @@
+"""The message schema between :class:`ClusteredRouting` and the fedroute ClientApp.
+
+Server → client (``TRAIN``, ``QUERY``, ``EVALUATE``): one ``ArrayRecord`` per
+cluster model under :func:`cluster_key` and one ``ConfigRecord`` under
+:data:`CONFIG`.  Client → server: at most one ``ArrayRecord`` under
+:data:`MODEL` (the trained routed model; none in a report-only phase) and one
+``MetricRecord`` under :data:`METRICS`.
+
+Flower's ``server-round`` counts from 1; the paper's round is
+``t = server-round - 1`` and travels as :data:`ROUND_INDEX`.  The provisional
+Greedy report of synchronized entry is a ``QUERY`` exchange before server
+round 1; server round 1 (``t = 0``) carries the provisional masses.
+
+This module imports no Flower: it only names things and converts arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+
+# Record keys.
+CONFIG = "config"
+MODEL = "model"
+METRICS = "metrics"
+CLUSTER_PREFIX = "cluster-"
+
+# Config keys (server → client).
+SERVER_ROUND = "server-round"
+ROUND_INDEX = "round-index"
+PHASE = "phase"
+MASSES = "masses"
+HAS_MASSES = "has-masses"
+SEED = "seed"
+RUN_KEY = "run-key"
+ROUTING_PREFIX = "routing."
+
+# Phases.
+PHASE_TRAIN = "train"
+PHASE_PROVISIONAL = "provisional"
+PHASE_EVALUATE = "evaluate"
+
+# Metric keys (client → server).
+CLUSTER = "cluster"
+NUM_EXAMPLES = "num-examples"
+CLIENT_ID = "client-id"
+LOSSES = "losses"
+ROUTE_DISTRIBUTION = "route-distribution"
+CONTROLLER = "controller"
+ARM = "arm"
+FEEDBACK = "feedback"
+ENTERED = "entered"
+RELEASED = "released"
+TRAIN_LOSSES = "train-losses"
+TEST_LOSSES = "test-losses"
+GROUP = "group"
+
+# Context.state key prefix of a client's controller state.
+STATE_PREFIX = "fedroute-state:"
+
+
+def cluster_key(cluster: int) -> str:
+    """Record key of cluster model ``cluster``."""
+    return f"{CLUSTER_PREFIX}{cluster}"
+
+
+def routing_config(settings_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Prefix routing settings for a ConfigRecord (``routing.<name>``)."""
+    return {f"{ROUTING_PREFIX}{name}": value for name, value in settings_dict.items()}
+
+
+def routing_settings_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`routing_config`."""
+    return {key[len(ROUTING_PREFIX):]: value for key, value in config.items() if key.startswith(ROUTING_PREFIX)}
+
+
+def flatten_arrays(arrays: Mapping[str, NDArray]) -> NDArray[np.float64]:
+    """Concatenate a model's named arrays (in their order) into one float64 vector."""
+    return np.concatenate([np.asarray(value, dtype=np.float64).ravel() for value in arrays.values()]) if arrays \
+        else np.zeros(0)
+
+
+def unflatten_arrays(vector: NDArray, template: Mapping[str, NDArray]) -> dict[str, NDArray]:
+    """Split a flat vector back into arrays shaped and typed like ``template``."""
+    arrays, offset = {}, 0
+    for name, value in template.items():
+        size = int(np.prod(value.shape))
+        arrays[name] = np.asarray(vector[offset:offset + size]).reshape(value.shape).astype(value.dtype)
+        offset += size
+    if offset != len(vector):
+        raise ValueError(f"vector has {len(vector)} entries; the template needs {offset}")
+    return arrays

@@ -1,0 +1,1 @@
+"""The ServerApp: run config to strategy and initial models, results files."""

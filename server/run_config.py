@@ -1,0 +1,121 @@
+"""The run config (``[tool.flwr.app.config]``) → validated settings, before round 1."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from fedroute.client.settings import RoutingSettings
+from fedroute.strategies.methods import METHODS, method_settings
+from fedroute.tasks.base import Task
+from fedroute.tasks.registry import task_from_config
+
+__all__ = ["RunSettings", "parse_run_config"]
+
+# run-config key → RoutingSettings field, for keys whose value may be "auto"/0 (= method default).
+_ROUTING_KEYS = {
+    "num-clusters": "num_clusters",
+    "controllers": "controllers",
+    "block-length": "block_length",
+    "exp3-learning-rate": "exp3_learning_rate",
+    "exp3-exploration": "exp3_exploration",
+    "rank-hedge-temperature": "rank_hedge_temperature",
+    "commitment-margin": "commitment_margin",
+    "reversal-mass-threshold": "reversal_mass_threshold",
+    "entry-threshold": "entry_threshold",
+    "hysteresis-min-rounds": "hysteresis_min_rounds",
+    "hysteresis-exit-gap": "hysteresis_exit_gap",
+    "hysteresis-max-rounds": "hysteresis_max_rounds",
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything the ServerApp needs, validated."""
+
+    methods: tuple[str, ...]
+    routing: dict[str, RoutingSettings]
+    task: Task
+    num_rounds: int
+    seed: int
+    fraction_train: float
+    min_train_nodes: int
+    round_timeout: float
+    results_dir: Path
+
+
+def _integer(config: Mapping[str, Any], key: str, low: int) -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < low:
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer ≥ {low}")
+    return int(value)
+
+
+def _number(config: Mapping[str, Any], key: str, low: float, high: float) -> float:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: a number in [{low}, {high}]")
+    return float(value)
+
+
+def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Routing overrides from the run config; ``"auto"`` and ``0`` for H_max mean the method default."""
+    overrides: dict[str, Any] = {}
+    kinds = {field.name: field.type for field in fields(RoutingSettings)}
+    for key, name in _ROUTING_KEYS.items():
+        if key not in config:
+            continue
+        value = config[key]
+        if value == "auto" or (key == "hysteresis-max-rounds" and value == 0):
+            continue
+        if name == "controllers":
+            value = tuple(part.strip() for part in str(value).split(",") if part.strip())
+        elif kinds[name] == "int":
+            value = _integer(config, key, 0)
+        elif kinds[name] == "float":
+            value = _number(config, key, float("-inf"), float("inf"))
+        overrides[name] = value
+    return overrides
+
+
+def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
+    """Validate the run config; every error names the key and the allowed values.
+
+    Parameters
+    ----------
+    config : mapping
+        Flower's ``context.run_config`` (defaults from ``pyproject.toml``
+        overridden by ``--run-config``).
+
+    Returns
+    -------
+    RunSettings
+    """
+    method = str(config.get("method", "all"))
+    if method != "all" and method not in METHODS:
+        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all' or one of {METHODS}")
+    methods = METHODS if method == "all" else (method,)
+    task = task_from_config(config)
+    overrides = _routing_overrides(config)
+    routing = {}
+    for name in methods:
+        try:
+            routing[name] = method_settings(name, str(config.get("task", "linear")), **overrides)
+        except ValueError as error:
+            raise ValueError(f"run config, method {name!r}: {error}") from None
+    results_dir = Path(os.path.expanduser(str(config.get("results-dir", "results"))))
+    if not results_dir.is_absolute():
+        results_dir = Path(os.environ.get("FEDROUTE_RESULTS_ROOT", os.getcwd())) / results_dir
+    return RunSettings(
+        methods=methods,
+        routing=routing,
+        task=task,
+        num_rounds=_integer(config, "num-server-rounds", 1) if "num-server-rounds" in config else 80,
+        seed=_integer(config, "seed", 0) if "seed" in config else 0,
+        fraction_train=_number(config, "fraction-train", 1e-9, 1.0) if "fraction-train" in config else 1.0,
+        min_train_nodes=_integer(config, "min-train-nodes", 1) if "min-train-nodes" in config else 2,
+        round_timeout=_number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0,
+        results_dir=results_dir,
+    )

@@ -1,0 +1,1 @@
+"""Batched simulator, experiment configs, metrics and the ``fedroute`` CLI."""

@@ -1,0 +1,1 @@
+"""Server side: per-cluster hard update, masses, reply validation, Flower strategies."""

@@ -1,0 +1,194 @@
+"""Reply validation: a malformed client reply is rejected with a reason, never averaged in.
+
+Pure functions over a reply's ``RecordDict``-like content (a mapping from keys
+to ArrayRecord / MetricRecord objects).  Flower types are only duck-typed here
+(``.items()``, ``Array.numpy()``), so the checks are testable without a run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute import protocol
+
+__all__ = ["TrainReply", "ProvisionalReply", "EvaluateReply", "ReplyRejected",
+           "validate_train_reply", "validate_provisional_reply", "validate_evaluate_reply",
+           "MAX_NUM_EXAMPLES"]
+
+MAX_NUM_EXAMPLES = 10**9
+"""Largest accepted ``num-examples``: a larger claim would let one client dominate."""
+
+
+class ReplyRejected(ValueError):
+    """A reply failed validation; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A validated training reply."""
+
+    client_id: int
+    cluster: int
+    num_examples: float
+    model: dict[str, NDArray]
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProvisionalReply:
+    """A validated provisional-Greedy report (synchronized entry, step 1)."""
+
+    client_id: int
+    cluster: int
+    num_examples: float
+
+
+@dataclass(frozen=True)
+class EvaluateReply:
+    """A validated evaluation reply (controller-free metrics)."""
+
+    client_id: int
+    num_examples: float
+    train_losses: NDArray[np.float64]
+    test_losses: NDArray[np.float64]
+    group: int
+    metrics: dict[str, Any]
+
+
+def _record(content: Mapping[str, Any], key: str, kind: str) -> Any:
+    if key not in content:
+        raise ReplyRejected(f"missing {kind} '{key}' (reply has {sorted(content.keys())})")
+    return content[key]
+
+
+def _integer(metrics: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    if key not in metrics:
+        raise ReplyRejected(f"metric '{key}' is missing")
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ReplyRejected(f"metric '{key}' = {value!r} must be an integer")
+    if not low <= int(value) <= high:
+        raise ReplyRejected(f"metric '{key}' = {value} is out of range [{low}, {high}]")
+    return int(value)
+
+
+def _num_examples(metrics: Mapping[str, Any]) -> float:
+    value = metrics.get(protocol.NUM_EXAMPLES)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ReplyRejected(f"metric '{protocol.NUM_EXAMPLES}' = {value!r} must be a finite number")
+    if not 0 < value <= MAX_NUM_EXAMPLES:
+        raise ReplyRejected(f"metric '{protocol.NUM_EXAMPLES}' = {value} is out of range (0, {MAX_NUM_EXAMPLES}]")
+    return float(value)
+
+
+def _vector(metrics: Mapping[str, Any], key: str, length: int) -> NDArray[np.float64]:
+    value = metrics.get(key)
+    if not isinstance(value, list) or len(value) != length:
+        raise ReplyRejected(f"metric '{key}' must be a list of {length} numbers, got {value!r}")
+    vector = np.asarray(value, dtype=np.float64)
+    if not np.all(np.isfinite(vector)):
+        raise ReplyRejected(f"metric '{key}' has non-finite entries")
+    return vector
+
+
+def _metrics(content: Mapping[str, Any]) -> dict[str, Any]:
+    record = _record(content, protocol.METRICS, "MetricRecord")
+    try:
+        return dict(record.items())
+    except AttributeError as error:
+        raise ReplyRejected(f"'{protocol.METRICS}' is not a MetricRecord") from error
+
+
+def validate_train_reply(
+    content: Mapping[str, Any], num_clusters: int, template: Mapping[str, NDArray]
+) -> TrainReply:
+    """Check a training reply against the schema and the cluster-model template.
+
+    Parameters
+    ----------
+    content : mapping
+        The reply's ``RecordDict``.
+    num_clusters : int
+        ``K``: the routed cluster must lie in ``[0, K-1]``.
+    template : mapping of str to ndarray
+        A cluster model: the returned model must have the same array names,
+        shapes and dtypes, and only finite values.
+
+    Returns
+    -------
+    TrainReply
+
+    Raises
+    ------
+    ReplyRejected
+        Naming the offending field.
+    """
+    metrics = _metrics(content)
+    cluster = _integer(metrics, protocol.CLUSTER, 0, num_clusters - 1)
+    client_id = _integer(metrics, protocol.CLIENT_ID, 0, 2**62)
+    num_examples = _num_examples(metrics)
+    for key in (protocol.LOSSES, protocol.ROUTE_DISTRIBUTION):
+        _vector(metrics, key, num_clusters)
+    record = _record(content, protocol.MODEL, "ArrayRecord")
+    try:
+        items = list(record.items())
+    except AttributeError as error:
+        raise ReplyRejected(f"'{protocol.MODEL}' is not an ArrayRecord") from error
+    if [name for name, _ in items] != list(template):
+        raise ReplyRejected(f"model arrays {[name for name, _ in items]} differ from {list(template)}")
+    model = {}
+    for name, array in items:
+        try:
+            values = array.numpy()
+        except Exception as error:  # a corrupt or pickled payload must not crash the server
+            raise ReplyRejected(f"model array '{name}' cannot be decoded: {error}") from error
+        expected = template[name]
+        if values.shape != expected.shape or values.dtype != expected.dtype:
+            raise ReplyRejected(f"model array '{name}' has shape {values.shape} and dtype {values.dtype}; "
+                                f"expected {expected.shape} and {expected.dtype}")
+        if not np.all(np.isfinite(values)):
+            raise ReplyRejected(f"model array '{name}' has NaN or Inf entries")
+        model[name] = values
+    return TrainReply(client_id=client_id, cluster=cluster, num_examples=num_examples, model=model, metrics=metrics)
+
+
+def validate_provisional_reply(content: Mapping[str, Any], num_clusters: int) -> ProvisionalReply:
+    """Check a provisional-Greedy report (cluster, num-examples, client-id)."""
+    metrics = _metrics(content)
+    return ProvisionalReply(
+        client_id=_integer(metrics, protocol.CLIENT_ID, 0, 2**62),
+        cluster=_integer(metrics, protocol.CLUSTER, 0, num_clusters - 1),
+        num_examples=_num_examples(metrics),
+    )
+
+
+def validate_evaluate_reply(content: Mapping[str, Any], num_clusters: int) -> EvaluateReply:
+    """Check an evaluation reply (losses of every cluster model on both splits)."""
+    metrics = _metrics(content)
+    return EvaluateReply(
+        client_id=_integer(metrics, protocol.CLIENT_ID, 0, 2**62),
+        num_examples=_num_examples(metrics),
+        train_losses=_vector(metrics, protocol.TRAIN_LOSSES, num_clusters),
+        test_losses=_vector(metrics, protocol.TEST_LOSSES, num_clusters),
+        group=_integer(metrics, protocol.GROUP, -1, 2**31),
+        metrics=metrics,
+    )
+
+
+def first_reply_per_client(replies: list, client_id_of: Optional[Any] = None) -> tuple[list, list]:
+    """Keep the first reply of each client id; return ``(kept, duplicates)``."""
+    seen: set[int] = set()
+    kept, duplicates = [], []
+    for reply in replies:
+        client_id = reply.client_id if client_id_of is None else client_id_of(reply)
+        (duplicates if client_id in seen else kept).append(reply)
+        seen.add(client_id)
+    return kept, duplicates
+
+
+__all__.append("first_reply_per_client")

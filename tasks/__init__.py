@@ -1,0 +1,1 @@
+"""Learning tasks: each task's client data, model, loss and local update."""

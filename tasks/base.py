@@ -1,0 +1,48 @@
+"""What a task gives the routing runtimes: client data with vectorised loss and update.
+
+A task's models are flat parameter vectors (``(P,)``); ``K`` cluster models are
+a ``(K, P)`` array.  A :class:`ClientBatch` holds the data of ``n`` clients
+(all of them in the batched simulator, one in a Flower ClientApp) and computes
+every client's loss of every model and the local update, vectorised.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["ClientBatch", "Task"]
+
+
+class ClientBatch(Protocol):
+    """Data of a batch of clients (leading axis = clients)."""
+
+    client_ids: NDArray[np.int64]
+    """Global client ids (randomness coordinates), shape (n,)."""
+    groups: NDArray[np.int64]
+    """Latent group of each client, for evaluation only, shape (n,)."""
+    num_examples: NDArray[np.int64]
+    """Training samples per client ``n_i``, shape (n,)."""
+
+    def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
+        """Mean loss of every model on every client: ``(K, P) -> (n, K)``; split ``train`` or ``test``."""
+
+    def local_update(
+        self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
+    ) -> NDArray[np.floating]:
+        """Local training of model row ``j`` on client ``client_index[j]`` (an index into the batch)."""
+
+
+class Task(Protocol):
+    """A learning task: makes client batches and initial cluster models."""
+
+    name: str
+    num_clients: int
+
+    def clients(self, client_ids: NDArray[np.int64]) -> ClientBatch:
+        """The data of the given clients."""
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
+        """``W^0`` as a ``(K, P)`` array."""

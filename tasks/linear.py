@@ -1,0 +1,179 @@
+"""Two-group linear regression (paper §2, EXPERIMENTS E1/E2); pure numpy.
+
+Group ``g`` draws ``x ~ N(0, I_d)`` and ``y = xᵀθ_g + ε``, ``ε ~ N(0, σ²)``,
+with ``θ_0 = +(Δ/2) e_0`` and ``θ_1 = -(Δ/2) e_0`` (so ``θ̄ = 0`` and
+``‖θ_1 - θ_0‖ = Δ``).  Client ``i`` belongs to group ``i mod 2`` (balanced,
+``α = ½``).  The loss is ``½ mean (xᵀw - y)²``, whose population version is
+``½‖w - θ_g‖² + σ²/2``.  The local update is ``E`` full-batch gradient steps
+with learning rate ``η_loc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.client.randomness import Purpose, generator
+
+__all__ = ["LinearTask", "LinearClients", "INIT_MODES"]
+
+INIT_MODES = ("spread", "collapsed")
+
+
+@dataclass(frozen=True)
+class LinearClients:
+    """Training and held-out data of a batch of linear-task clients."""
+
+    client_ids: NDArray[np.int64]
+    groups: NDArray[np.int64]
+    train_inputs: NDArray[np.float64]
+    train_targets: NDArray[np.float64]
+    test_inputs: NDArray[np.float64]
+    test_targets: NDArray[np.float64]
+    local_steps: int
+    learning_rate: float
+
+    @property
+    def num_examples(self) -> NDArray[np.int64]:
+        """``n_i`` (equal for all linear clients)."""
+        return np.full(len(self.client_ids), self.train_inputs.shape[1], dtype=np.int64)
+
+    def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
+        """``½ mean (xᵀw_k - y)²`` for every client and model, shape (n, K)."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        inputs, targets = (
+            (self.train_inputs, self.train_targets) if split == "train" else (self.test_inputs, self.test_targets)
+        )
+        predictions = np.einsum("nsd,kd->nks", inputs, cluster_models)
+        return 0.5 * np.mean((predictions - targets[:, None, :]) ** 2, axis=-1)
+
+    def local_update(
+        self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
+    ) -> NDArray[np.floating]:
+        """``E`` full-batch gradient steps of model ``j`` on client ``client_index[j]``."""
+        inputs = self.train_inputs[client_index]
+        targets = self.train_targets[client_index]
+        weights = np.array(models, dtype=np.float64, copy=True)
+        for _ in range(self.local_steps):
+            residuals = np.einsum("jsd,jd->js", inputs, weights) - targets
+            weights -= self.learning_rate * np.einsum("jsd,js->jd", inputs, residuals) / inputs.shape[1]
+        return weights
+
+
+@dataclass(frozen=True)
+class LinearTask:
+    """Configuration of the two-group linear task.
+
+    Parameters
+    ----------
+    num_clients : int
+        ``n`` (≥ 2), balanced over the two groups.
+    dimension : int
+        ``d`` (≥ 2).
+    group_distance : float
+        ``Δ = ‖θ_1 - θ_0‖`` (> 0).
+    samples_per_client, test_samples_per_client : int
+        Training and held-out samples per client (≥ 1).
+    noise_std : float
+        ``σ`` (≥ 0).
+    local_steps : int
+        ``E`` (≥ 1).
+    learning_rate : float
+        ``η_loc`` in ``(0, 1]``.
+    init : {"spread", "collapsed"}
+        ``spread``: ``w_k^0 = θ̄ + ρ z_k``, ``z_k ~ N(0, I)`` (paper §4).
+        ``collapsed``: ``w_0^0 = θ̄`` and ``w_k^0 = θ̄ + ρ u_k`` with ``u_k``
+        random unit vectors orthogonal to ``θ_1 - θ_0``: every group prefers
+        cluster 0 and the start lies in the certified starvation basin for any
+        ``ρ > 0``.
+    init_spread : float
+        ``ρ`` (≥ 0).
+    seed : int
+        Data and initialisation seed (≥ 0).
+    """
+
+    num_clients: int = 80
+    dimension: int = 5
+    group_distance: float = 4.0
+    samples_per_client: int = 40
+    test_samples_per_client: int = 40
+    noise_std: float = 0.5
+    local_steps: int = 1
+    learning_rate: float = 0.5
+    init: str = "spread"
+    init_spread: float = 3.0
+    seed: int = 0
+    name: str = "linear"
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.num_clients >= 2, "num-clients", self.num_clients, "an integer ≥ 2"),
+            (self.dimension >= 2, "dimension", self.dimension, "an integer ≥ 2"),
+            (self.group_distance > 0, "group-distance", self.group_distance, "> 0"),
+            (self.samples_per_client >= 1, "samples-per-client", self.samples_per_client, "an integer ≥ 1"),
+            (self.test_samples_per_client >= 1, "test-samples-per-client", self.test_samples_per_client, "≥ 1"),
+            (self.noise_std >= 0, "noise-std", self.noise_std, "≥ 0"),
+            (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
+            (0 < self.learning_rate <= 1, "learning-rate", self.learning_rate, "(0, 1]"),
+            (self.init in INIT_MODES, "init", self.init, f"one of {INIT_MODES}"),
+            (self.init_spread >= 0, "init-spread", self.init_spread, "≥ 0"),
+            (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
+        ]
+        for holds, key, value, allowed in checks:
+            if not holds:
+                raise ValueError(f"linear task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+
+    @property
+    def group_parameters(self) -> NDArray[np.float64]:
+        """``θ_g`` as a (2, d) array."""
+        theta = np.zeros((2, self.dimension))
+        theta[0, 0], theta[1, 0] = self.group_distance / 2, -self.group_distance / 2
+        return theta
+
+    @property
+    def group_proportions(self) -> NDArray[np.float64]:
+        """``(α, 1 - α)`` of the client population."""
+        groups = self.groups(np.arange(self.num_clients))
+        return np.bincount(groups, minlength=2) / self.num_clients
+
+    def groups(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Latent group of each client (evaluation only)."""
+        return np.asarray(client_ids, dtype=np.int64) % 2
+
+    def clients(self, client_ids: NDArray[np.int64]) -> LinearClients:
+        """Data of the given clients; each client's data depends only on ``(seed, id)``."""
+        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
+        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
+            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        groups = self.groups(client_ids)
+        theta = self.group_parameters
+        total = self.samples_per_client + self.test_samples_per_client
+        inputs = np.empty((len(client_ids), total, self.dimension))
+        targets = np.empty((len(client_ids), total))
+        for row, client in enumerate(client_ids):
+            rng = generator(self.seed, client, 0, Purpose.DATA)
+            inputs[row] = rng.standard_normal((total, self.dimension))
+            targets[row] = inputs[row] @ theta[groups[row]] + self.noise_std * rng.standard_normal(total)
+        split = self.samples_per_client
+        return LinearClients(
+            client_ids=client_ids, groups=groups,
+            train_inputs=inputs[:, :split], train_targets=targets[:, :split],
+            test_inputs=inputs[:, split:], test_targets=targets[:, split:],
+            local_steps=self.local_steps, learning_rate=self.learning_rate,
+        )
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.float64]:
+        """``W^0`` of shape (K, d) (see ``init``)."""
+        rng = generator(self.seed, 0, 0, Purpose.INIT)
+        pooled = self.group_parameters.mean(axis=0)
+        directions = rng.standard_normal((num_clusters, self.dimension))
+        if self.init == "spread":
+            return pooled + self.init_spread * directions
+        directions[:, 0] = 0.0  # orthogonal to θ_1 - θ_0
+        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        models = pooled + self.init_spread * directions
+        models[0] = pooled
+        return models
