@@ -263,7 +263,8 @@ def agent_step(
     target = np.maximum(state.hysteresis_target, 0)
     target_loss = np.take_along_axis(losses, target[:, None], axis=-1)[:, 0]
     best_loss = losses.min(axis=-1)
-    gap = np.divide(target_loss, best_loss, out=np.ones_like(best_loss), where=best_loss > 0) - 1.0
+    # G = ℓ_target / min ℓ - 1; +inf when only the best loss is 0, 0 when both are.
+    gap = np.divide(target_loss, best_loss, out=np.where(target_loss > 0, np.inf, 1.0), where=best_loss > 0) - 1.0
     may_release = in_episode & ~entered & (state.hysteresis_count >= settings.hysteresis_min_rounds)
     released = may_release & ((gap <= settings.hysteresis_exit_gap)
                               | (state.hysteresis_count >= settings.hysteresis_max_rounds))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import numpy as np
+
 from fedroute.client.controllers import CONTROLLER_IDS
 
 __all__ = ["RoutingSettings", "EXP3_MODES"]
@@ -66,6 +68,9 @@ class RoutingSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
+        for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,
                f"a non-empty subset of {sorted(CONTROLLER_IDS)}")

@@ -109,6 +109,11 @@ class LinearTask:
     name: str = "linear"
 
     def __post_init__(self) -> None:
+        for key in ("num_clients", "dimension", "samples_per_client", "test_samples_per_client", "local_steps", "seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"linear task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
+                                 "allowed: an integer")
         checks = [
             (self.num_clients >= 2, "num-clients", self.num_clients, "an integer ≥ 2"),
             (self.dimension >= 2, "dimension", self.dimension, "an integer ≥ 2"),
