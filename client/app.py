@@ -87,6 +87,8 @@ def train(message: Message, context: Context) -> Message:
         protocol.FEEDBACK: float(decision.feedback[0]),
         protocol.ENTERED: int(decision.entered[0]),
         protocol.RELEASED: int(decision.released[0]),
+        protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
+        protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
     }, array_record(trained))
 
 

@@ -69,11 +69,13 @@ def main(grid: Grid, context: Context) -> None:
     """Run every requested method and write the results directory."""
     settings = parse_run_config(context.run_config)
     summaries: dict[str, Any] = {}
-    rounds, models = [], {}
+    rounds, routes, models = [], [], {}
     for method in settings.methods:
         strategy, summary = run_method(grid, settings, method)
         summaries[method] = summary
         rounds.append(pd.DataFrame(strategy.history).assign(method=method))
+        routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
+                      for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
         for cluster, model in enumerate(strategy.cluster_models):
             models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
     directory = settings.results_dir / str(context.run_id)
@@ -83,7 +85,8 @@ def main(grid: Grid, context: Context) -> None:
         "task": asdict(settings.task),
         "routing": {method: routing.to_dict() for method, routing in settings.routing.items()},
     }
-    write_results(directory, config, pd.concat(rounds, ignore_index=True), summaries, models)
+    write_results(directory, config, pd.concat(rounds, ignore_index=True), summaries, models,
+                  routes=pd.DataFrame(routes))
     table = summary_table(summaries)
     print(f"\n{table}\n\nresults: {directory}", flush=True)
     sys.stdout.flush()

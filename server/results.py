@@ -42,6 +42,7 @@ def write_results(
     rounds: pd.DataFrame,
     summaries: Mapping[str, Mapping[str, Any]],
     cluster_models: Mapping[str, NDArray],
+    routes: pd.DataFrame | None = None,
 ) -> Path:
     """Write the four result files into ``directory`` (created if needed).
 
@@ -57,6 +58,9 @@ def write_results(
         Method → summary dict.
     cluster_models : mapping
         Array name (``<method>/cluster-<k>``) → final model vector.
+    routes : DataFrame, optional
+        One row per (method, round, client): the executed hard route
+        (``routes.csv`` / ``routes.parquet``).
 
     Returns
     -------
@@ -68,6 +72,9 @@ def write_results(
     atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2, default=_json_default))
     rounds.to_csv(directory / "rounds.csv", index=False)
     rounds.to_parquet(directory / "rounds.parquet", index=False)
+    if routes is not None:
+        routes.to_csv(directory / "routes.csv", index=False)
+        routes.to_parquet(directory / "routes.parquet", index=False)
     np.savez(directory / "cluster_models.npz", **{name: np.asarray(value) for name, value in cluster_models.items()})
     return directory
 

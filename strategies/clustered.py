@@ -273,6 +273,7 @@ class ClusteredRouting(Strategy):
         template = self.cluster_models[0]
         valid: list[TrainReply] = self._valid(
             replies, lambda c: validate_train_reply(c, self.num_clusters, template), server_round, "train")
+        previous = [dict(model) for model in self.cluster_models]
         if valid:
             routes = np.array([reply.cluster for reply in valid], dtype=np.int64)
             weights = np.array([reply.num_examples for reply in valid])
@@ -285,8 +286,15 @@ class ClusteredRouting(Strategy):
             logger.warning("round %d: no valid reply; cluster models and masses unchanged", server_round)
             routes, weights = np.zeros(0, dtype=np.int64), np.zeros(0)
         record = self._round_record(server_round, valid, routes, weights)
+        for cluster, (before, after) in enumerate(zip(previous, self.cluster_models)):
+            record[f"changed_{cluster}"] = any(not np.array_equal(before[name], after[name]) for name in before)
         self.history.append(record)
         self.client_routes[server_round - 1] = {reply.client_id: reply.cluster for reply in valid}
+        played = [reply.metrics.get(protocol.ROUNDS_PLAYED, -1) for reply in valid]
+        record["min_rounds_played"] = int(min(played, default=-1))
+        record["max_rounds_played"] = int(max(played, default=-1))
+        record["exp3_weight_spread"] = float(max(
+            (np.ptp(reply.metrics.get(protocol.EXP3_LOG_WEIGHTS, [0.0])) for reply in valid), default=0.0))
         metrics = MetricRecord({
             "num-valid-replies": len(valid),
             "masses": [float(m) for m in (self.routing_masses if self.routing_masses is not None

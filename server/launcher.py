@@ -1,0 +1,222 @@
+"""Run the Flower app with ``flwr run`` in a local Ray simulation, hermetically.
+
+``flwr run`` starts a detached local SuperLink that outlives the command and
+keeps the environment it started with (FLOWER.md).  :func:`run_flower_app`
+gives each run its own ``FLWR_HOME`` and ports, disables per-run dependency
+installation and telemetry, checks the run's final status with ``flwr ls``
+(``flwr run --stream`` exits 0 even when the ServerApp crashed), and always
+stops every process that carries its ``FLWR_HOME`` (SuperLink, simulation,
+Ray workers) afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+__all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment"]
+
+QUIET_ENVIRONMENT = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_LOG_LEVEL": "WARNING",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+@dataclass(frozen=True)
+class FlowerRun:
+    """Outcome of one ``flwr run``."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    run_id: Optional[int]
+    status: str
+    wall_seconds: float
+
+    @property
+    def completed(self) -> bool:
+        """The ServerApp ran to the end (``finished:completed``)."""
+        return self.status == "finished:completed"
+
+
+def _flwr_executable() -> str:
+    candidate = Path(sys.executable).parent / "flwr"
+    return str(candidate) if candidate.exists() else (shutil.which("flwr") or "flwr")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def parse_config_value(text: str) -> Any:
+    """A command-line run-config value: int, float, bool, else string."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip('"').strip("'")
+
+
+def format_run_config(values: Mapping[str, Any]) -> str:
+    """``--run-config`` text: strings double-quoted, booleans ``true``/``false``."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = json.dumps(str(value))
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def quiet_environment(flwr_home: Path) -> dict[str, str]:
+    """The environment of a hermetic run: own FLWR_HOME and ports, quiet and offline."""
+    environment = dict(os.environ)
+    environment.update(QUIET_ENVIRONMENT)
+    environment["FLWR_HOME"] = str(flwr_home)
+    # flwr starts `flower-superlink` by name: make this interpreter's scripts findable.
+    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
+    environment["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
+    environment["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
+    return environment
+
+
+def _processes_with_home(flwr_home: Path) -> list[int]:
+    """PIDs of every process whose environment holds this FLWR_HOME."""
+    marker = f"FLWR_HOME={flwr_home}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def stop_processes(flwr_home: Path, grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, every process of this FLWR_HOME."""
+    pids = _processes_with_home(flwr_home)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _processes_with_home(flwr_home):
+        time.sleep(0.2)
+    for pid in _processes_with_home(flwr_home):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _run_status(flwr: str, run_id: int, environment: dict[str, str]) -> str:
+    """``finished:completed`` etc., from ``flwr ls --run-id X --format json``."""
+    listing = subprocess.run([flwr, "ls", "--run-id", str(run_id), "--format", "json"], env=environment,
+                             capture_output=True, text=True, timeout=60)
+    try:
+        runs = json.loads(listing.stdout).get("runs", [])
+        return str(runs[0].get("status", "unknown")) if runs else "unknown"
+    except (json.JSONDecodeError, AttributeError):
+        return "unknown"
+
+
+def run_flower_app(
+    app_dir: str | Path,
+    run_config: Mapping[str, Any],
+    num_supernodes: int,
+    timeout: float = 1800.0,
+    flwr_home: Optional[Path] = None,
+    stream: bool = False,
+    cpus_per_client: float = 1.0,
+) -> FlowerRun:
+    """``flwr run <app_dir> --stream`` in a local Ray simulation, then clean up.
+
+    Parameters
+    ----------
+    app_dir : path
+        The Flower app (a directory with ``pyproject.toml``).
+    run_config : mapping
+        Run-config overrides (keys must exist in ``[tool.flwr.app.config]``).
+    num_supernodes : int
+        Simulated SuperNodes (one client each).
+    timeout : float
+        Seconds before the run is stopped.
+    flwr_home : Path, optional
+        Flower's home for this run; a fresh temporary directory by default.
+    stream : bool
+        Echo the run's output while it runs.
+    cpus_per_client : float
+        Ray CPUs per simulated client.
+
+    Returns
+    -------
+    FlowerRun
+    """
+    home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="fedroute-flwr-home-"))
+    home.mkdir(parents=True, exist_ok=True)
+    environment = quiet_environment(home)
+    flwr = _flwr_executable()
+    command = [flwr, "run", str(app_dir), "--stream",
+               "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+    if run_config:
+        command += ["--run-config", format_run_config(run_config)]
+    started = time.monotonic()
+    lines: list[str] = []
+    run_id: Optional[int] = None
+    status = "unknown"
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, bufsize=1)
+    try:
+        assert process.stdout is not None
+        deadline = started + timeout
+        for line in process.stdout:
+            lines.append(line)
+            if stream:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            if time.monotonic() > deadline:
+                process.kill()
+                lines.append(f"fedroute: run stopped after {timeout} s\n")
+                break
+        process.wait(timeout=30)
+        match = re.search(r"Successfully started run (\d+)", "".join(lines))
+        if match:
+            run_id = int(match.group(1))
+            status = _run_status(flwr, run_id, environment)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        stop_processes(home)
+        if flwr_home is None:
+            shutil.rmtree(home, ignore_errors=True)
+    return FlowerRun(returncode=process.returncode, stdout="".join(lines), stderr="", run_id=run_id,
+                     status=status, wall_seconds=time.monotonic() - started)

@@ -1,0 +1,1 @@
+"""Paper experiments; importing this package registers their ``fedroute reproduce`` commands."""
