@@ -1,0 +1,44 @@
+"""A non-editable ``pip install .`` exposes every sub-package and the app components."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+SUBPACKAGES = ("client", "strategies", "server", "simulation", "simulation.experiments", "tasks")
+
+
+def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(repository)],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert not (target / "fedroute" / "tests").exists() and not (target / "fedroute" / "bench").exists()
+    with open(repository / "pyproject.toml", "rb") as stream:
+        components = tomllib.load(stream)["tool"]["flwr"]["app"]["components"]
+    probe = f"""
+import importlib, sys
+import fedroute
+assert fedroute.__file__.startswith({str(target)!r}), fedroute.__file__
+for name in {SUBPACKAGES!r}:
+    module = importlib.import_module("fedroute." + name)
+    assert module.__file__.startswith({str(target)!r}), module.__file__
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+server_module, server_attr = {components['serverapp']!r}.split(":")
+client_module, client_attr = {components['clientapp']!r}.split(":")
+assert isinstance(getattr(importlib.import_module(server_module), server_attr), ServerApp)
+assert isinstance(getattr(importlib.import_module(client_module), client_attr), ClientApp)
+assert "torch" not in sys.modules, "the linear app must not import torch"
+print("ok")
+"""
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                               env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "ok"
+    entry_points = next(target.glob("fedroute-*.dist-info")) / "entry_points.txt"
+    assert "fedroute = fedroute.simulation.cli:main" in entry_points.read_text()
