@@ -104,7 +104,10 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         try:
             routing[name] = method_settings(name, str(config.get("task", "linear")), **overrides)
         except ValueError as error:
-            raise ValueError(f"run config, method {name!r}: {error}") from None
+            message = str(error)
+            for key, field in _ROUTING_KEYS.items():
+                message = message.replace(f"'{field}'", f"'{key}'")
+            raise ValueError(f"run config, method {name!r}: {message}") from None
     results_dir = Path(os.path.expanduser(str(config.get("results-dir", "results"))))
     if not results_dir.is_absolute():
         results_dir = Path(os.environ.get("FEDROUTE_RESULTS_ROOT", os.getcwd())) / results_dir

@@ -1,0 +1,64 @@
+"""Run-config validation (before round 1) and the ``fedroute simulate`` command."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedroute.server.run_config import parse_run_config
+from fedroute.simulation.cli import main
+
+
+@pytest.fixture()
+def defaults(repository: Path) -> dict:
+    with open(repository / "pyproject.toml", "rb") as stream:
+        return tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
+
+
+def test_defaults_parse_to_three_methods(defaults: dict) -> None:
+    settings = parse_run_config(defaults)
+    assert settings.methods == ("greedy", "exp3", "sync-entry")
+    assert settings.routing["greedy"].controllers == ("gr",)
+    assert settings.routing["exp3"].controllers == ("gr", "rh") and settings.routing["exp3"].exp3_mode == "block"
+    assert settings.routing["sync-entry"].synchronized_entry
+    assert settings.routing["sync-entry"].hysteresis_max_rounds == 800
+    assert settings.task.num_clients == 80 and settings.num_rounds == defaults["num-server-rounds"]
+    assert settings.results_dir.is_absolute()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("method", "ifca", "'method'"),
+        ("num-clusters", 0, "'num-clusters'"),
+        ("exp3-exploration", 1.5, "'exp3-exploration'"),
+        ("controllers", "gr,magic", "'controllers'"),
+        ("num-server-rounds", 0, "'num-server-rounds'"),
+        ("num-clients", 1, "'num-clients'"),
+        ("init", "random", "'init'"),
+        ("learning-rate", 2.0, "'learning-rate'"),
+        ("fraction-train", 0.0, "'fraction-train'"),
+        ("task", "vision", "'task'"),
+    ],
+)
+def test_bad_values_name_the_key(defaults: dict, key: str, value: object, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        parse_run_config({**defaults, key: value})
+
+
+def test_auto_and_zero_keep_method_defaults(defaults: dict) -> None:
+    settings = parse_run_config({**defaults, "controllers": "auto", "hysteresis-max-rounds": 0})
+    assert settings.routing["exp3"].hysteresis_max_rounds == 160
+    overridden = parse_run_config({**defaults, "method": "exp3", "controllers": "gr,com,rev", "block-length": 4})
+    assert overridden.routing["exp3"].controllers == ("gr", "com", "rev")
+    assert overridden.routing["exp3"].block_length == 4
+
+
+def test_simulate_command_reports_collapse_and_recovery(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--method", "all", "--rounds", "100"]) == 0
+    summaries = json.loads(capsys.readouterr().out)
+    assert summaries["greedy"]["recovery_error"] >= 0.5 and summaries["greedy"]["persistent_collapse"]
+    assert summaries["exp3"]["recovery_error"] < 0.5 and summaries["exp3"]["usable_models_test"] == 2
