@@ -1,1 +1,3 @@
 """Paper experiments; importing this package registers their ``fedroute reproduce`` commands."""
+
+from fedroute.simulation.experiments import fig1  # noqa: F401  (E1, registers ``reproduce fig1``)
