@@ -53,6 +53,17 @@ def _settings(config: dict[str, Any]) -> RoutingSettings:
     return RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
 
 
+def _received(
+    message: Message, context: Context
+) -> tuple[dict[str, Any], RoutingSettings, np.ndarray, dict[str, np.ndarray], ClientBatch]:
+    """What every message handler needs: config, routing settings, the K models (flat and
+    cluster 0's arrays as the template) and this node's data."""
+    config = dict(message.content[protocol.CONFIG].items())
+    settings = _settings(config)
+    models, template = _cluster_models(message, settings.num_clusters)
+    return config, settings, models, template, _client(context)
+
+
 def _reply(message: Message, metrics: dict[str, Any], model: ArrayRecord | None = None) -> Message:
     content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
     if model is not None:
@@ -63,10 +74,7 @@ def _reply(message: Message, metrics: dict[str, Any], model: ArrayRecord | None 
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """One routing round: losses → agent step → local training of the routed model."""
-    config = dict(message.content[protocol.CONFIG].items())
-    settings = _settings(config)
-    models, template = _cluster_models(message, settings.num_clusters)
-    clients = _client(context)
+    config, settings, models, template, clients = _received(message, context)
     run_key = str(config[protocol.RUN_KEY])
     masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
     result = client_round(
@@ -95,9 +103,7 @@ def train(message: Message, context: Context) -> Message:
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
     """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained)."""
-    config = dict(message.content[protocol.CONFIG].items())
-    models, _ = _cluster_models(message, _settings(config).num_clusters)
-    clients = _client(context)
+    _, _, models, _, clients = _received(message, context)
     return _reply(message, {
         protocol.CLUSTER: int(provisional_greedy_routes(clients, models)[0]),
         protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
@@ -108,9 +114,7 @@ def provisional(message: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     """Controller-free evaluation: every model's loss on both splits (and the group label)."""
-    config = dict(message.content[protocol.CONFIG].items())
-    models, _ = _cluster_models(message, _settings(config).num_clusters)
-    clients = _client(context)
+    _, _, models, _, clients = _received(message, context)
     return _reply(message, {
         protocol.CLIENT_ID: int(clients.client_ids[0]),
         protocol.NUM_EXAMPLES: int(clients.num_examples[0]),

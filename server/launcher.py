@@ -88,7 +88,11 @@ def format_run_config(values: Mapping[str, Any]) -> str:
         elif isinstance(value, (int, float)):
             text = repr(value)
         else:
-            text = json.dumps(str(value))
+            text = str(value)
+            if "\n" in text or ('"' in text and "'" in text):
+                raise ValueError(f"run-config '{key}' = {text!r}: a string may not hold a newline or both quote kinds")
+            # flwr accepts "..." or '...' without escapes: single quotes keep backslashes literal.
+            text = f'"{text}"' if "'" in text else f"'{text}'"
         parts.append(f"{key}={text}")
     return " ".join(parts)
 
@@ -102,6 +106,10 @@ def quiet_environment(flwr_home: Path) -> dict[str, str]:
     environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
     environment["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
     environment["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
+    # Ray would otherwise join /tmp/ray's current cluster (another run's); keep the path short
+    # (Ray's unix sockets have a length limit).
+    environment.pop("RAY_ADDRESS", None)
+    environment["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="fr-ray-")
     return environment
 
 
@@ -216,6 +224,7 @@ def run_flower_app(
         if process.poll() is None:
             process.kill()
         stop_processes(home)
+        shutil.rmtree(environment["RAY_TMPDIR"], ignore_errors=True)
         if flwr_home is None:
             shutil.rmtree(home, ignore_errors=True)
     return FlowerRun(returncode=process.returncode, stdout="".join(lines), stderr="", run_id=run_id,

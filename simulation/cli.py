@@ -101,4 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under ``python -m`` this file runs as ``__main__``; use the registry of the real module.
+    from fedroute.simulation.cli import main as package_main
+
+    sys.exit(package_main())

@@ -62,3 +62,14 @@ def test_simulate_command_reports_collapse_and_recovery(capsys: pytest.CaptureFi
     summaries = json.loads(capsys.readouterr().out)
     assert summaries["greedy"]["recovery_error"] >= 0.5 and summaries["greedy"]["persistent_collapse"]
     assert summaries["exp3"]["recovery_error"] < 0.5 and summaries["exp3"]["usable_models_test"] == 2
+
+
+def test_run_config_text_for_flwr() -> None:
+    from fedroute.server.launcher import format_run_config, parse_config_value
+
+    text = format_run_config({"method": "exp3", "num-clients": 12, "noise-std": 0.5, "flag": True,
+                              "results-dir": "/tmp/it's"})
+    assert text == "method='exp3' num-clients=12 noise-std=0.5 flag=true results-dir=\"/tmp/it's\""
+    with pytest.raises(ValueError, match="results-dir"):
+        format_run_config({"results-dir": "a\nb"})
+    assert [parse_config_value(v) for v in ("12", "0.5", "true", "exp3")] == [12, 0.5, True, "exp3"]

@@ -220,8 +220,9 @@ def _proportions(alpha: ArrayLike, num_groups: int) -> NDArray[np.float64]:
         weights = np.array([weights[0], 1.0 - weights[0]])
     if weights.shape != (num_groups,):
         raise ValueError(f"alpha must be a scalar (two groups) or have shape ({num_groups},), got {weights.shape}")
-    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-        raise ValueError(f"group proportions must be finite and ≥ 0, got {weights.tolist()}")
+    if (not np.all(np.isfinite(weights)) or np.any(weights < 0)
+            or np.any((weights > 0) & (weights < np.finfo(float).tiny))):
+        raise ValueError(f"group proportions must be finite, ≥ 0 and not subnormal, got {weights.tolist()}")
     return weights
 
 
@@ -276,51 +277,55 @@ def greedy_population_dynamics(
     eta = float(eta)
 
     # Layout (K, d, N): every elementwise operation runs over the N starts,
-    # contiguously, into preallocated buffers.
+    # contiguously, into preallocated buffers (no per-round allocation).
     w = np.ascontiguousarray(np.moveaxis(models, 0, -1))
     ever = np.zeros((num_clusters, num_starts), dtype=bool)
-    theta_column = theta[:, :, None]
-    theta_t = np.ascontiguousarray(theta.T)
-    weight_column = weights[:, None]
-    diff = np.empty((num_groups, dim, num_starts))
+    theta_column = theta[None, :, :, None]                   # (1, G, d, 1)
+    theta_t = np.ascontiguousarray(theta.T)                  # (d, G)
+    weight_column = weights[None, :, None]                   # (1, G, 1)
+    cluster_column = np.arange(num_clusters)[:, None, None]  # (K, 1, 1)
+    diff = np.empty((num_clusters, num_groups, dim, num_starts))
     loss = np.empty((num_clusters, num_groups, num_starts))
     best = np.empty((num_groups, num_starts))
     route = np.empty((num_groups, num_starts), dtype=np.intp)
     better = np.empty((num_groups, num_starts), dtype=bool)
-    share = np.empty((num_groups, num_starts))
-    mass = np.empty(num_starts)
-    inverse_mass = np.empty(num_starts)
-    routed = np.empty(num_starts, dtype=bool)
-    keep = np.empty(num_starts)
-    pull = np.empty((dim, num_starts))
+    candidate = np.empty((num_groups, num_starts), dtype=np.intp)
+    share = np.empty((num_clusters, num_groups, num_starts))
+    mass = np.empty((num_clusters, num_starts))
+    step = np.empty((num_clusters, num_starts))
+    routed = np.empty((num_clusters, num_starts), dtype=bool)
+    keep = np.empty((num_clusters, num_starts))
+    pull = np.empty((num_clusters, dim, num_starts))
+    tiny = np.finfo(float).tiny
     for _ in range(rounds):
-        # Routing: 2·L_g(w_k) = ‖w_k − θ_g‖², argmin over k, ties to the lowest k.
-        for k in range(num_clusters):
-            np.subtract(w[k][None], theta_column, out=diff)
-            np.multiply(diff, diff, out=diff)
-            np.sum(diff, axis=1, out=loss[k])
+        # Routing: loss[k, g] = ‖w_k − θ_g‖² (= 2 L_g(w_k)); argmin over k with ties
+        # to the lowest k.  A strict improvement at cluster k sets the route to k,
+        # which exceeds every earlier index, hence the running maximum.
+        np.subtract(w[:, None], theta_column, out=diff)
+        np.multiply(diff, diff, out=diff)
+        np.sum(diff, axis=2, out=loss)
         best[...] = loss[0]
         route.fill(0)
         for k in range(1, num_clusters):
             np.less(loss[k], best, out=better)
-            np.copyto(best, loss[k], where=better)
-            route[better] = k
-        # Update every cluster from the routing of this round (W^t -> W^{t+1}).
-        for k in range(num_clusters):
-            np.equal(route, k, out=share, casting="unsafe")
-            share *= weight_column                      # α_g 1{g → k}
-            np.sum(share, axis=0, out=mass)             # Σ_{g→k} α_g
-            np.greater(mass, 0.0, out=routed)
-            ever[k] |= routed
-            inverse_mass.fill(0.0)
-            np.divide(1.0, mass, out=inverse_mass, where=routed)
-            share *= inverse_mass                       # weights of θ̄_k (0 if unrouted)
-            np.matmul(theta_t, share, out=pull)         # θ̄_k (0 if unrouted)
-            pull *= eta
-            np.multiply(routed, -eta, out=keep)
-            keep += 1.0                                 # 1 − η if routed, else 1
-            w[k] *= keep
-            w[k] += pull
+            np.minimum(best, loss[k], out=best)
+            np.multiply(better, k, out=candidate)
+            np.maximum(route, candidate, out=route)
+        # Update every cluster from this round's routing (W^t -> W^{t+1}):
+        # w_k <- (1 - η) w_k + η Σ_{g→k} α_g θ_g / Σ_{g→k} α_g if routed, else w_k.
+        np.equal(route[None], cluster_column, out=share, casting="unsafe")
+        share *= weight_column                               # α_g 1{g → k}
+        np.sum(share, axis=1, out=mass)                      # Σ_{g→k} α_g
+        np.greater(mass, 0.0, out=routed)
+        ever |= routed
+        np.maximum(mass, tiny, out=step)                     # (unrouted: share = 0 anyway)
+        np.divide(eta, step, out=step)
+        share *= step[:, None, :]                            # η α_g 1{g → k} / Σ α
+        np.matmul(theta_t, share, out=pull)                  # η θ̄_k (0 if unrouted)
+        np.multiply(routed, -eta, out=keep)
+        keep += 1.0                                          # 1 − η if routed, else 1
+        w *= keep[:, None, :]
+        w += pull
     return np.ascontiguousarray(np.moveaxis(w, -1, 0)), np.ascontiguousarray(ever.T)
 
 
@@ -499,6 +504,8 @@ def _plot(summary: pd.DataFrame, config: Fig1Config, figures: Path) -> None:
     ax.axhline(LARGEST_RHO_LEVEL, color="0.6", linewidth=0.8, linestyle=(0, (1, 3)))
     if (table["rho"] > 0).all() and len(table) > 1:
         ax.set_xscale("log", base=2)
+        ax.set_xticks(table["rho"], [f"{rho:g}" for rho in table["rho"]])
+        ax.minorticks_off()
     ax.set_xlabel(r"initial spread $\rho$")
     ax.set_ylabel("frequency")
     ax.set_ylim(-0.02, 1.02)
