@@ -157,7 +157,7 @@ class RoundDecision:
 
 def _draw_arms(
     state: AgentState, needs_arm: NDArray[np.bool_], settings: RoutingSettings,
-    seed: int, client_ids: NDArray[np.int64], round_index: int,
+    seed: int | NDArray[np.int64], client_ids: NDArray[np.int64], round_index: int,
 ) -> AgentState:
     """Draw a fresh arm ``R ~ p`` for the clients in ``needs_arm``; reset their feedback."""
     if not needs_arm.any():
@@ -181,7 +181,7 @@ def agent_step(
     previous_masses: Optional[NDArray[np.float64]],
     round_index: int,
     client_ids: NDArray[np.int64],
-    seed: int,
+    seed: int | NDArray[np.int64],
     benefit_fn: Optional[BenefitFunction] = None,
 ) -> tuple[AgentState, RoundDecision]:
     """One routing round for a batch of clients.
@@ -194,15 +194,16 @@ def agent_step(
         Routing hyper-parameters.
     losses : ndarray, shape (n, K)
         ``ℓ_ik^t``: each client's mean training loss of every cluster model.
-    previous_masses : ndarray, shape (K,), or None
+    previous_masses : ndarray, shape (K,) or (n, K), or None
         Broadcast masses ``μ^{t-1}`` (provisional masses at a synchronized-entry
-        round); ``None`` before any masses exist.
+        round; one row per client when several runs are batched); ``None``
+        before any masses exist.
     round_index : int
         The paper's round ``t`` (0-based).
     client_ids : ndarray of int, shape (n,)
         Global client ids (the randomness coordinates).
-    seed : int
-        Run seed.
+    seed : int or ndarray of int, shape (n,)
+        Run seed (one per client when several runs are batched).
     benefit_fn : BenefitFunction, optional
         Computes entry benefits; required when an entry test can run
         (synchronized entry or a ``hys`` arm).
@@ -280,7 +281,7 @@ def agent_step(
     rows = executed == CONTROLLER_INDEX[ctl.REVERSAL]
     if rows.any():
         masses = np.zeros(num_clusters) if previous_masses is None else np.asarray(previous_masses)
-        distributions[rows] = ctl.reversal(losses[rows], masses)
+        distributions[rows] = ctl.reversal(losses[rows], np.broadcast_to(masses, losses.shape)[rows])
     rows = executed == CONTROLLER_INDEX[ctl.COMMITMENT]
     if rows.any():
         distributions[rows] = ctl.commitment(losses[rows], state.previous_route[rows], settings.commitment_margin)

@@ -29,8 +29,9 @@ def entry_candidates(
 
     Parameters
     ----------
-    masses : ndarray, shape (K,)
-        Broadcast routing masses ``μ^{t-1}`` (or provisional masses ``m``).
+    masses : ndarray, shape (K,) or (n, K)
+        Broadcast routing masses ``μ^{t-1}`` (or provisional masses ``m``); one
+        row per client when several runs are batched.
     greedy_routes : ndarray of int, shape (n,)
         Each client's Greedy choice ``r``.
     mass_threshold : float
@@ -40,8 +41,9 @@ def entry_candidates(
     -------
     ndarray of bool, shape (n, K)
     """
+    masses = np.broadcast_to(np.asarray(masses), (len(greedy_routes), np.shape(masses)[-1]))
     num_clusters = masses.shape[-1]
-    underused = np.asarray(masses)[None, :] < mass_threshold
+    underused = masses < mass_threshold
     return underused & (np.arange(num_clusters)[None, :] != greedy_routes[:, None])
 
 
@@ -65,8 +67,9 @@ def entry_benefits(
 
     Parameters
     ----------
-    cluster_models : ndarray, shape (K, P)
-        Current cluster models as flat parameter vectors.
+    cluster_models : ndarray, shape (K, P) or (n, K, P)
+        Current cluster models as flat parameter vectors (one set per client
+        when several runs are batched).
     candidate_mask : ndarray of bool, shape (n, K)
         Which (client, cluster) pairs to probe.
     greedy_routes : ndarray of int, shape (n,)
@@ -84,9 +87,14 @@ def entry_benefits(
     clients, candidates = np.nonzero(candidate_mask)
     if clients.size == 0:
         return benefits
-    start = cluster_models[candidates]
+    if cluster_models.ndim == 3:  # one set of K models per client (batched runs)
+        start = cluster_models[clients, candidates]
+        current = cluster_models[clients, greedy_routes[clients]]
+    else:
+        start = cluster_models[candidates]
+        current = cluster_models[greedy_routes[clients]]
     probed = local_update(start.copy(), clients.astype(np.int64), round_index)
-    towards_current = cluster_models[greedy_routes[clients]] - start
+    towards_current = current - start
     benefits[clients, candidates] = _cosine(probed - start, towards_current)
     return benefits
 

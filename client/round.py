@@ -43,7 +43,7 @@ def client_round(
     cluster_models: NDArray[np.floating],
     previous_masses: Optional[NDArray[np.float64]],
     round_index: int,
-    seed: int,
+    seed: int | NDArray[np.int64],
 ) -> ClientRound:
     """Run round ``t`` of ALGORITHM.md §2 step 2 for every client of the batch.
 
@@ -55,14 +55,14 @@ def client_round(
         Their controller state before the round.
     settings : RoutingSettings
         Routing hyper-parameters.
-    cluster_models : ndarray, shape (K, P)
-        Broadcast ``W^t``.
-    previous_masses : ndarray, shape (K,), or None
+    cluster_models : ndarray, shape (K, P) or (n, K, P)
+        Broadcast ``W^t`` (one set per client when several runs are batched).
+    previous_masses : ndarray, shape (K,) or (n, K), or None
         Broadcast ``μ^{t-1}`` (provisional masses at a synchronized-entry round).
     round_index : int
         ``t`` (0-based).
-    seed : int
-        Run seed.
+    seed : int or ndarray of int, shape (n,)
+        Run seed (one per client when several runs are batched).
 
     Returns
     -------
@@ -76,9 +76,9 @@ def client_round(
     new_state, decision = agent_step(
         state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn
     )
-    trained = clients.local_update(
-        cluster_models[decision.routes], np.arange(len(decision.routes)), round_index
-    )
+    rows = np.arange(len(decision.routes))
+    routed = cluster_models[rows, decision.routes] if cluster_models.ndim == 3 else cluster_models[decision.routes]
+    trained = clients.local_update(routed, rows, round_index)
     return ClientRound(state=new_state, decision=decision, losses=losses, trained_models=trained)
 
 

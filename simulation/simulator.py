@@ -1,15 +1,18 @@
-"""The batched simulator: all clients of a run at once, the same functions as Flower.
+"""The batched simulator: all clients of many runs at once, the same functions as Flower.
 
-The server side of a round is :func:`fedroute.strategies.aggregation.hard_update`
-and :func:`~fedroute.strategies.aggregation.routing_masses`; the client side
-is :func:`fedroute.client.round.client_round`.  This module only loops over
-rounds and records the history.
+A batch of ``R`` runs is simulated as one federation whose client axis holds
+the ``R·n`` clients; client ``i`` of run ``r`` sees only run ``r``'s ``K``
+cluster models, masses and seed.  The client side of a round is
+:func:`fedroute.client.round.client_round`; the server side is
+:func:`fedroute.strategies.aggregation.hard_update` and
+:func:`~fedroute.strategies.aggregation.routing_masses` with a run index.
+This module only loops over rounds and records what the experiments need.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,41 +22,95 @@ from fedroute.client.exp3 import arm_probabilities
 from fedroute.client.round import client_round, provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
 from fedroute.strategies.aggregation import hard_update, routing_masses
-from fedroute.tasks.base import Task
+from fedroute.tasks.base import ClientBatch, Task
 
-__all__ = ["RunHistory", "simulate"]
+__all__ = ["RunHistory", "BatchHistory", "simulate", "simulate_batch", "concatenate_clients"]
+
+
+def concatenate_clients(batches: Sequence[ClientBatch]) -> ClientBatch:
+    """One client batch holding the clients of several (dataclass) batches in order.
+
+    Array fields (and tuples of arrays) are concatenated along the client axis;
+    other fields (e.g. the learning rate) must be equal in every batch.
+    """
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    if not is_dataclass(first):
+        raise TypeError(f"cannot concatenate {type(first).__name__}: not a dataclass")
+    merged: dict[str, Any] = {}
+    for field in fields(first):
+        values = [getattr(batch, field.name) for batch in batches]
+        if isinstance(values[0], np.ndarray):
+            merged[field.name] = np.concatenate(values, axis=0)
+        elif isinstance(values[0], tuple) and isinstance(values[0][0], np.ndarray):
+            merged[field.name] = tuple(np.concatenate(parts, axis=0) for parts in zip(*values))
+        else:
+            if any(value != values[0] for value in values[1:]):
+                raise ValueError(f"runs differ in '{field.name}' ({values[0]!r} vs others); batch them separately")
+            merged[field.name] = values[0]
+    return replace(first, **merged)
+
+
+@dataclass(frozen=True)
+class BatchHistory:
+    """What a batch of ``R`` runs recorded (``T`` rounds, ``n`` clients per run, ``K`` clusters).
+
+    Attributes
+    ----------
+    cluster_models : ndarray, shape (T+1, R, K, P)
+        ``W^0 … W^T`` of every run.
+    routes : ndarray of int8/int16, shape (T, R, n)
+        Executed hard routes.
+    masses : ndarray, shape (T, R, K)
+        ``μ^t`` after each round.
+    mean_arm_probabilities : ndarray, shape (T, R, A)
+        Client-averaged EXP3 probabilities at the start of each round.
+    arm_fractions : ndarray, shape (T, R, A)
+        Fraction of clients with each arm in force during the round.
+    entered, released : ndarray of int, shape (T, R)
+        Clients entering / leaving a hysteresis episode.
+    provisional_masses : ndarray, shape (R, K), or None
+        Synchronized entry's provisional masses.
+    groups : ndarray of int, shape (R, n)
+        Latent groups (evaluation only).
+    num_examples : ndarray, shape (R, n)
+        ``n_i``.
+    detail : dict
+        With ``detail=True``: per-client ``train_losses`` (T, R·n, K),
+        ``controllers``, ``arms`` (T, R·n), ``arm_probabilities`` (T, R·n, A),
+        ``entered``/``released`` (T, R·n), and ``final_state``.
+    """
+
+    cluster_models: NDArray[np.floating]
+    routes: NDArray[np.integer]
+    masses: NDArray[np.float64]
+    mean_arm_probabilities: NDArray[np.float64]
+    arm_fractions: NDArray[np.float64]
+    entered: NDArray[np.int64]
+    released: NDArray[np.int64]
+    provisional_masses: Optional[NDArray[np.float64]]
+    groups: NDArray[np.int64]
+    num_examples: NDArray[np.int64]
+    detail: dict[str, Any]
+
+    @property
+    def route_counts(self) -> NDArray[np.int64]:
+        """Clients routed to each cluster, shape (T, R, K)."""
+        num_clusters = self.masses.shape[-1]
+        return (self.routes[..., None] == np.arange(num_clusters)).sum(axis=2)
 
 
 @dataclass(frozen=True)
 class RunHistory:
-    """Everything one simulated run recorded (``T`` rounds, ``n`` clients, ``K`` clusters).
+    """Everything one simulated run recorded, per client (``T`` rounds, ``n`` clients).
 
-    Attributes
-    ----------
-    cluster_models : ndarray, shape (T+1, K, P)
-        ``W^0 … W^T``.
-    routes : ndarray of int, shape (T, n)
-        Executed hard routes.
-    masses : ndarray, shape (T, K)
-        ``μ^t`` after each round.
-    train_losses : ndarray, shape (T, n, K)
-        ``ℓ_ik^t`` (pre-update losses each client observed).
-    controllers : ndarray of int, shape (T, n)
-        Executed controller codes.
-    arms : ndarray of int, shape (T, n)
-        Arm in force (``-1`` for none).
-    arm_probabilities : ndarray, shape (T, n, A)
-        EXP3 probabilities at the start of each round.
-    entered, released : ndarray of bool, shape (T, n)
-        Episode events.
-    provisional_masses : ndarray, shape (K,), or None
-        Synchronized entry's provisional masses ``m``.
-    groups : ndarray of int, shape (n,)
-        Latent groups (evaluation only).
-    num_examples : ndarray, shape (n,)
-        ``n_i``.
-    final_state : AgentState
-        Controller state after the last round.
+    Attributes are those of :class:`BatchHistory` for one run, with per-client
+    detail: ``cluster_models`` (T+1, K, P), ``routes`` (T, n), ``masses``
+    (T, K), ``train_losses`` (T, n, K), ``controllers``/``arms`` (T, n),
+    ``arm_probabilities`` (T, n, A), ``entered``/``released`` (T, n) bool,
+    ``provisional_masses`` (K,) or None, ``groups`` (n,), ``num_examples``
+    (n,), ``final_state``.
     """
 
     cluster_models: NDArray[np.floating]
@@ -69,6 +126,101 @@ class RunHistory:
     groups: NDArray[np.int64]
     num_examples: NDArray[np.int64]
     final_state: AgentState
+
+
+def simulate_batch(
+    tasks: Sequence[Task],
+    settings: RoutingSettings,
+    num_rounds: int,
+    seeds: Sequence[int],
+    detail: bool = False,
+) -> BatchHistory:
+    """Simulate ``R = len(tasks)`` independent runs of one method together.
+
+    Parameters
+    ----------
+    tasks : sequence of Task
+        One task per run (data and initial models); equal ``num_clients``.
+    settings : RoutingSettings
+        The method (shared by all runs).
+    num_rounds : int
+        ``T`` (≥ 1).
+    seeds : sequence of int
+        The routing seed of each run.
+    detail : bool
+        Also record per-client arrays (memory ``O(T·R·n·K)``).
+
+    Returns
+    -------
+    BatchHistory
+        Run ``r`` equals ``simulate(tasks[r], settings, num_rounds, seeds[r])``.
+    """
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be ≥ 1, got {num_rounds}")
+    if len(tasks) != len(seeds) or not tasks:
+        raise ValueError(f"need one seed per task; got {len(tasks)} tasks and {len(seeds)} seeds")
+    num_clients = tasks[0].num_clients
+    if any(task.num_clients != num_clients for task in tasks):
+        raise ValueError("every run of a batch needs the same num_clients")
+    num_runs, num_clusters = len(tasks), settings.num_clusters
+    clients = concatenate_clients([task.clients(np.arange(num_clients)) for task in tasks])
+    run_of_client = np.repeat(np.arange(num_runs), num_clients)
+    seed_of_client = np.asarray(seeds, dtype=np.int64)[run_of_client]
+    num_examples = clients.num_examples
+    models = np.stack([task.initial_models(num_clusters) for task in tasks])
+    state = AgentState.initial(num_runs * num_clients, settings)
+    masses: Optional[NDArray[np.float64]] = None
+    provisional = None
+    if settings.synchronized_entry:
+        greedy = provisional_greedy_routes(clients, models[run_of_client])
+        provisional = routing_masses(greedy, num_examples, num_clusters, run_of_client, num_runs)
+        masses = provisional
+    route_dtype = np.int8 if num_clusters < 127 else np.int16
+    keys = ["cluster_models", "routes", "masses", "mean_arm_probabilities", "arm_fractions", "entered", "released"]
+    record: dict[str, list] = {key: [] for key in keys}
+    detailed: dict[str, list] = {key: [] for key in (
+        "train_losses", "controllers", "arms", "arm_probabilities", "entered", "released")}
+    record["cluster_models"].append(models)
+
+    def per_run_mean(values: NDArray) -> NDArray:
+        return values.reshape(num_runs, num_clients, *values.shape[1:]).mean(axis=1)
+
+    for round_index in range(num_rounds):
+        probabilities = arm_probabilities(state.exp3_log_weights, settings.exp3_exploration)
+        result = client_round(
+            clients, state, settings, models[run_of_client],
+            None if masses is None else masses[run_of_client], round_index, seed_of_client,
+        )
+        state, decision = result.state, result.decision
+        models = hard_update(models, result.trained_models, decision.routes, num_examples, run_of_client)
+        masses = routing_masses(decision.routes, num_examples, num_clusters, run_of_client, num_runs)
+        arm_in_force = decision.arm[:, None] == np.arange(settings.num_arms)
+        for key, value in (
+            ("cluster_models", models),
+            ("routes", decision.routes.astype(route_dtype).reshape(num_runs, num_clients)),
+            ("masses", masses),
+            ("mean_arm_probabilities", per_run_mean(probabilities)),
+            ("arm_fractions", per_run_mean(arm_in_force.astype(np.float64))),
+            ("entered", decision.entered.reshape(num_runs, num_clients).sum(axis=1)),
+            ("released", decision.released.reshape(num_runs, num_clients).sum(axis=1)),
+        ):
+            record[key].append(value)
+        if detail:
+            for key, value in (("train_losses", result.losses), ("controllers", decision.controller),
+                               ("arms", decision.arm), ("arm_probabilities", probabilities),
+                               ("entered", decision.entered), ("released", decision.released)):
+                detailed[key].append(value)
+    extra: dict[str, Any] = {}
+    if detail:
+        extra = {key: np.stack(values) for key, values in detailed.items()}
+        extra["final_state"] = state
+    return BatchHistory(
+        **{key: np.stack(values) for key, values in record.items()},
+        provisional_masses=provisional,
+        groups=clients.groups.reshape(num_runs, num_clients),
+        num_examples=num_examples.reshape(num_runs, num_clients),
+        detail=extra,
+    )
 
 
 def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int) -> RunHistory:
@@ -88,38 +240,22 @@ def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int) 
     Returns
     -------
     RunHistory
+        Per-client detail of the run (a batch of one run).
     """
-    if num_rounds < 1:
-        raise ValueError(f"num_rounds must be ≥ 1, got {num_rounds}")
-    clients = task.clients(np.arange(task.num_clients))
-    num_examples = clients.num_examples
-    models = task.initial_models(settings.num_clusters)
-    state = AgentState.initial(task.num_clients, settings)
-    masses: Optional[NDArray[np.float64]] = None
-    provisional = None
-    if settings.synchronized_entry:
-        provisional = routing_masses(provisional_greedy_routes(clients, models), num_examples, settings.num_clusters)
-        masses = provisional
-    record: dict[str, list] = {key: [] for key in (
-        "cluster_models", "routes", "masses", "train_losses", "controllers", "arms",
-        "arm_probabilities", "entered", "released")}
-    record["cluster_models"].append(models)
-    for round_index in range(num_rounds):
-        record["arm_probabilities"].append(arm_probabilities(state.exp3_log_weights, settings.exp3_exploration))
-        result = client_round(clients, state, settings, models, masses, round_index, seed)
-        state, decision = result.state, result.decision
-        models = hard_update(models, result.trained_models, decision.routes, num_examples)
-        masses = routing_masses(decision.routes, num_examples, settings.num_clusters)
-        for key, value in (
-            ("cluster_models", models), ("routes", decision.routes), ("masses", masses),
-            ("train_losses", result.losses), ("controllers", decision.controller), ("arms", decision.arm),
-            ("entered", decision.entered), ("released", decision.released),
-        ):
-            record[key].append(value)
+    batch = simulate_batch([task], settings, num_rounds, [seed], detail=True)
+    detail = batch.detail
     return RunHistory(
-        **{key: np.stack(values) for key, values in record.items()},
-        provisional_masses=provisional,
-        groups=clients.groups,
-        num_examples=num_examples,
-        final_state=state,
+        cluster_models=batch.cluster_models[:, 0],
+        routes=batch.routes[:, 0].astype(np.int64),
+        masses=batch.masses[:, 0],
+        train_losses=detail["train_losses"],
+        controllers=detail["controllers"],
+        arms=detail["arms"],
+        arm_probabilities=detail["arm_probabilities"],
+        entered=detail["entered"],
+        released=detail["released"],
+        provisional_masses=None if batch.provisional_masses is None else batch.provisional_masses[0],
+        groups=batch.groups[0],
+        num_examples=batch.num_examples[0],
+        final_state=detail["final_state"],
     )

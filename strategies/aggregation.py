@@ -1,6 +1,12 @@
-"""Per-cluster hard update and routing masses (ALGORITHM.md §2, steps 3–4)."""
+"""Per-cluster hard update and routing masses (ALGORITHM.md §2, steps 3–4).
+
+Both take an optional ``run_index`` so that the batched simulator can update
+many independent runs at once: run ``r``'s cluster ``k`` is row ``r·K + k``.
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -8,17 +14,23 @@ from numpy.typing import NDArray
 __all__ = ["hard_update", "routing_masses", "cluster_route_counts"]
 
 
+def _global_routes(routes: NDArray[np.int64], num_clusters: int, run_index: Optional[NDArray[np.int64]]) -> NDArray[np.int64]:
+    routes = np.asarray(routes, dtype=np.int64)
+    return routes if run_index is None else np.asarray(run_index, dtype=np.int64) * num_clusters + routes
+
+
 def hard_update(
     cluster_models: NDArray[np.floating],
     client_models: NDArray[np.floating],
     routes: NDArray[np.int64],
     num_examples: NDArray[np.floating],
+    run_index: Optional[NDArray[np.int64]] = None,
 ) -> NDArray[np.floating]:
     """Sample-weighted FedAvg per cluster; a cluster nobody routed to is kept.
 
     Parameters
     ----------
-    cluster_models : ndarray, shape (K, P)
+    cluster_models : ndarray, shape (K, P), or (R, K, P) with ``run_index``
         ``W^t`` as flat parameter vectors.
     client_models : ndarray, shape (m, P)
         Trained models ``w_i^+`` returned by the clients.
@@ -26,29 +38,47 @@ def hard_update(
         The cluster each returned model belongs to.
     num_examples : ndarray, shape (m,)
         ``n_i`` (> 0).
+    run_index : ndarray of int, shape (m,), optional
+        The run each reply belongs to (batched runs).
 
     Returns
     -------
-    ndarray, shape (K, P)
-        ``W^{t+1}`` (same dtype as ``cluster_models``).
+    ndarray, same shape and dtype as ``cluster_models``
+        ``W^{t+1}``.  Replies are summed in their given order.
     """
-    num_clusters = cluster_models.shape[0]
-    weights = np.zeros((num_clusters, len(routes)))
-    weights[routes, np.arange(len(routes))] = np.asarray(num_examples, dtype=np.float64)
-    totals = weights.sum(axis=1, keepdims=True)
-    routed = totals[:, 0] > 0
-    updated = cluster_models.copy()
-    if routed.any():
-        averaged = (weights[routed] / totals[routed]) @ client_models.astype(np.float64)
-        updated[routed] = averaged.astype(cluster_models.dtype)
-    return updated
+    shape = cluster_models.shape
+    num_clusters = shape[-2]
+    flat = cluster_models.reshape(-1, shape[-1])
+    targets = _global_routes(routes, num_clusters, run_index)
+    weights = np.asarray(num_examples, dtype=np.float64)
+    sums = np.zeros(flat.shape, dtype=np.float64)
+    np.add.at(sums, targets, weights[:, None] * client_models.astype(np.float64))
+    totals = np.bincount(targets, weights=weights, minlength=flat.shape[0])
+    routed = totals > 0
+    updated = flat.copy()
+    updated[routed] = (sums[routed] / totals[routed, None]).astype(flat.dtype)
+    return updated.reshape(shape)
 
 
-def routing_masses(routes: NDArray[np.int64], num_examples: NDArray[np.floating], num_clusters: int) -> NDArray[np.float64]:
-    """``μ_k = Σ_{i: r_i = k} n_i / Σ_i n_i`` (executed routes, sample weighted)."""
-    totals = np.bincount(routes, weights=np.asarray(num_examples, dtype=np.float64), minlength=num_clusters)
-    grand_total = totals.sum()
-    return totals / grand_total if grand_total > 0 else np.zeros(num_clusters)
+def routing_masses(
+    routes: NDArray[np.int64],
+    num_examples: NDArray[np.floating],
+    num_clusters: int,
+    run_index: Optional[NDArray[np.int64]] = None,
+    num_runs: int = 1,
+) -> NDArray[np.float64]:
+    """``μ_k = Σ_{i: r_i = k} n_i / Σ_i n_i`` (executed routes, sample weighted).
+
+    Returns shape (K,), or (R, K) when ``run_index`` is given (``num_runs = R``).
+    A run without any reply gets zero masses.
+    """
+    targets = _global_routes(routes, num_clusters, run_index)
+    totals = np.bincount(targets, weights=np.asarray(num_examples, dtype=np.float64),
+                         minlength=num_clusters * (num_runs if run_index is not None else 1))
+    totals = totals.astype(np.float64).reshape(-1, num_clusters)
+    grand = totals.sum(axis=1, keepdims=True)
+    masses = np.divide(totals, grand, out=np.zeros_like(totals), where=grand > 0)
+    return masses if run_index is not None else masses[0]
 
 
 def cluster_route_counts(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.int64]:

@@ -27,7 +27,12 @@ class ClientBatch(Protocol):
     """Training samples per client ``n_i``, shape (n,)."""
 
     def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
-        """Mean loss of every model on every client: ``(K, P) -> (n, K)``; split ``train`` or ``test``."""
+        """Mean loss of every model on every client: ``(K, P)`` or ``(n, K, P)`` → ``(n, K)``.
+
+        With a 3-D input, client ``i`` is scored on its own set ``cluster_models[i]``
+        (the simulator batches several runs as one client axis).  ``split`` is
+        ``"train"`` or ``"test"``.
+        """
 
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int

@@ -17,14 +17,14 @@ from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
 
-__all__ = ["LinearTask", "LinearClients", "INIT_MODES"]
+__all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES"]
 
 INIT_MODES = ("spread", "collapsed")
 
 
 @dataclass(frozen=True)
-class LinearClients:
-    """Training and held-out data of a batch of linear-task clients."""
+class LinearSamples:
+    """Raw samples of a batch of linear-task clients, shape (n, s, d) and (n, s)."""
 
     client_ids: NDArray[np.int64]
     groups: NDArray[np.int64]
@@ -32,35 +32,60 @@ class LinearClients:
     train_targets: NDArray[np.float64]
     test_inputs: NDArray[np.float64]
     test_targets: NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LinearClients:
+    """Training and held-out data of a batch of linear-task clients.
+
+    The squared loss only needs each client's moments, so the data are kept as
+    ``Σ̂ = XᵀX/s``, ``b = Xᵀy/s`` and ``c = yᵀy/s`` per split:
+    ``½ mean (xᵀw - y)² = ½ (wᵀΣ̂w - 2bᵀw + c)`` and its gradient is ``Σ̂w - b``.
+    This makes the loss and update cost ``O(d²)`` per client and model instead
+    of ``O(s·d)``.
+    """
+
+    client_ids: NDArray[np.int64]
+    groups: NDArray[np.int64]
+    num_examples: NDArray[np.int64]
+    train_moments: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+    test_moments: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
     local_steps: int
     learning_rate: float
 
-    @property
-    def num_examples(self) -> NDArray[np.int64]:
-        """``n_i`` (equal for all linear clients)."""
-        return np.full(len(self.client_ids), self.train_inputs.shape[1], dtype=np.int64)
-
     def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
-        """``½ mean (xᵀw_k - y)²`` for every client and model, shape (n, K)."""
+        """``½ mean (xᵀw_k - y)²`` for every client and model, shape (n, K).
+
+        ``cluster_models`` is ``(K, d)`` (shared) or ``(n, K, d)`` (one set per client).
+        """
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        inputs, targets = (
-            (self.train_inputs, self.train_targets) if split == "train" else (self.test_inputs, self.test_targets)
-        )
-        predictions = np.einsum("nsd,kd->nks", inputs, cluster_models)
-        return 0.5 * np.mean((predictions - targets[:, None, :]) ** 2, axis=-1)
+        second, cross, target = self.train_moments if split == "train" else self.test_moments
+        models = np.asarray(cluster_models, dtype=np.float64)
+        if models.ndim == 2:
+            models = models[None]
+        quadratic = np.sum(models * np.matmul(models, second), axis=-1)
+        return 0.5 * (quadratic - 2.0 * np.sum(models * cross[:, None, :], axis=-1) + target[:, None])
 
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
     ) -> NDArray[np.floating]:
         """``E`` full-batch gradient steps of model ``j`` on client ``client_index[j]``."""
-        inputs = self.train_inputs[client_index]
-        targets = self.train_targets[client_index]
+        second, cross, _ = self.train_moments
+        second, cross = second[client_index], cross[client_index]
         weights = np.array(models, dtype=np.float64, copy=True)
         for _ in range(self.local_steps):
-            residuals = np.einsum("jsd,jd->js", inputs, weights) - targets
-            weights -= self.learning_rate * np.einsum("jsd,js->jd", inputs, residuals) / inputs.shape[1]
+            gradient = np.matmul(second, weights[:, :, None])[:, :, 0] - cross
+            weights -= self.learning_rate * gradient
         return weights
+
+
+def _moments(inputs: NDArray[np.float64], targets: NDArray[np.float64]):
+    """``(XᵀX/s, Xᵀy/s, yᵀy/s)`` per client."""
+    samples = inputs.shape[1]
+    return (np.matmul(inputs.transpose(0, 2, 1), inputs) / samples,
+            np.matmul(inputs.transpose(0, 2, 1), targets[:, :, None])[:, :, 0] / samples,
+            np.sum(targets * targets, axis=1) / samples)
 
 
 @dataclass(frozen=True)
@@ -148,8 +173,8 @@ class LinearTask:
         """Latent group of each client (evaluation only)."""
         return np.asarray(client_ids, dtype=np.int64) % 2
 
-    def clients(self, client_ids: NDArray[np.int64]) -> LinearClients:
-        """Data of the given clients; each client's data depends only on ``(seed, id)``."""
+    def samples(self, client_ids: NDArray[np.int64]) -> LinearSamples:
+        """Raw samples of the given clients; each client's data depends only on ``(seed, id)``."""
         client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
         if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
             raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
@@ -163,10 +188,18 @@ class LinearTask:
             inputs[row] = rng.standard_normal((total, self.dimension))
             targets[row] = inputs[row] @ theta[groups[row]] + self.noise_std * rng.standard_normal(total)
         split = self.samples_per_client
+        return LinearSamples(client_ids=client_ids, groups=groups,
+                             train_inputs=inputs[:, :split], train_targets=targets[:, :split],
+                             test_inputs=inputs[:, split:], test_targets=targets[:, split:])
+
+    def clients(self, client_ids: NDArray[np.int64]) -> LinearClients:
+        """The given clients' data as loss moments (see :class:`LinearClients`)."""
+        samples = self.samples(client_ids)
         return LinearClients(
-            client_ids=client_ids, groups=groups,
-            train_inputs=inputs[:, :split], train_targets=targets[:, :split],
-            test_inputs=inputs[:, split:], test_targets=targets[:, split:],
+            client_ids=samples.client_ids, groups=samples.groups,
+            num_examples=np.full(len(samples.client_ids), self.samples_per_client, dtype=np.int64),
+            train_moments=_moments(samples.train_inputs, samples.train_targets),
+            test_moments=_moments(samples.test_inputs, samples.test_targets),
             local_steps=self.local_steps, learning_rate=self.learning_rate,
         )
 

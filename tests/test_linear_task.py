@@ -9,26 +9,27 @@ from fedroute.tasks.linear import LinearTask
 
 def test_client_data_depend_only_on_seed_and_client_id():
     task = LinearTask(num_clients=10, samples_per_client=8, test_samples_per_client=4, seed=3)
-    everyone = task.clients(np.arange(10))
-    alone = task.clients(np.array([5]))
-    subset = task.clients(np.array([7, 5]))
+    everyone = task.samples(np.arange(10))
+    alone = task.samples(np.array([5]))
+    subset = task.samples(np.array([7, 5]))
     for name in ("train_inputs", "train_targets", "test_inputs", "test_targets"):
         np.testing.assert_array_equal(getattr(alone, name)[0], getattr(everyone, name)[5])
         np.testing.assert_array_equal(getattr(subset, name)[1], getattr(everyone, name)[5])
     # A larger population does not change client 5's data either.
     bigger = LinearTask(num_clients=20, samples_per_client=8, test_samples_per_client=4, seed=3)
-    np.testing.assert_array_equal(bigger.clients(np.array([5])).train_inputs, alone.train_inputs)
+    np.testing.assert_array_equal(bigger.samples(np.array([5])).train_inputs, alone.train_inputs)
     # Another seed or another client gives other data.
     other_seed = LinearTask(num_clients=10, samples_per_client=8, test_samples_per_client=4, seed=4)
-    assert not np.array_equal(other_seed.clients(np.array([5])).train_inputs, alone.train_inputs)
+    assert not np.array_equal(other_seed.samples(np.array([5])).train_inputs, alone.train_inputs)
     assert not np.array_equal(everyone.train_inputs[4], everyone.train_inputs[5])
 
 
 def test_shapes_and_num_examples():
     task = LinearTask(num_clients=4, dimension=3, samples_per_client=6, test_samples_per_client=2)
     clients = task.clients(np.arange(4))
-    assert clients.train_inputs.shape == (4, 6, 3) and clients.test_inputs.shape == (4, 2, 3)
-    assert clients.train_targets.shape == (4, 6) and clients.test_targets.shape == (4, 2)
+    samples = task.samples(np.arange(4))
+    assert samples.train_inputs.shape == (4, 6, 3) and samples.test_inputs.shape == (4, 2, 3)
+    assert samples.train_targets.shape == (4, 6) and samples.test_targets.shape == (4, 2)
     np.testing.assert_array_equal(clients.num_examples, [6, 6, 6, 6])
 
 
@@ -46,7 +47,7 @@ def test_group_parameters():
 
 def test_noiseless_targets_follow_the_group_parameter():
     task = LinearTask(num_clients=4, dimension=3, noise_std=0.0, group_distance=4.0)
-    clients = task.clients(np.arange(4))
+    clients = task.samples(np.arange(4))
     for i, group in enumerate([0, 1, 0, 1]):
         sign = 1.0 if group == 0 else -1.0
         np.testing.assert_allclose(clients.train_targets[i], sign * 2.0 * clients.train_inputs[i, :, 0])
@@ -90,7 +91,8 @@ def test_loss_is_half_mean_squared_error():
     clients = task.clients(np.arange(2))
     models = np.array([[2.0, 0.0], [0.0, 1.0]])
     losses = clients.losses(models)
-    x, y = clients.train_inputs, clients.train_targets
+    samples = task.samples(np.arange(2))
+    x, y = samples.train_inputs, samples.train_targets
     for i in range(2):
         for k in range(2):
             residual = x[i] @ models[k] - y[i]
@@ -106,12 +108,12 @@ def test_local_update_is_a_gradient_step_towards_theta():
     w = np.array([[0.5, -1.0, 2.0], [1.0, 1.0, 1.0]])
     updated = clients.local_update(w.copy(), np.array([0, 1]), 0)
     for i in range(2):
-        x = clients.train_inputs[i]
+        x = task.samples(np.arange(2)).train_inputs[i]
         covariance = x.T @ x / 5  # empirical Σ̂
         np.testing.assert_allclose(updated[i], w[i] - 0.3 * covariance @ (w[i] - theta[i]))
     # Client index selects the data: model 0 on client 1.
     swapped = clients.local_update(w[:1].copy(), np.array([1]), 0)
-    x1 = clients.train_inputs[1]
+    x1 = task.samples(np.arange(2)).train_inputs[1]
     np.testing.assert_allclose(swapped[0], w[0] - 0.3 * (x1.T @ x1 / 5) @ (w[0] - theta[1]))
 
 
@@ -122,7 +124,7 @@ def test_local_update_with_two_steps_and_no_input_mutation():
     w = np.array([[1.0, 1.0]])
     before = w.copy()
     updated = clients.local_update(w, np.array([1]), 3)
-    x = clients.train_inputs[1]
+    x = task.samples(np.arange(2)).train_inputs[1]
     covariance = x.T @ x / 4
     theta = task.group_parameters[1]
     step = lambda v: v - 0.5 * covariance @ (v - theta)  # noqa: E731

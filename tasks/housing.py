@@ -1,0 +1,539 @@
+"""California Housing, two occupancy regimes (paper Appendix B.5, EXPERIMENTS E6); pure numpy.
+
+Data
+    The California Housing table (20,640 census block groups; features
+    ``MedInc, HouseAge, AveRooms, AveBedrms, Population, AveOccup, Latitude,
+    Longitude``; target ``MedHouseVal``).  The real loader is
+    ``sklearn.datasets.fetch_california_housing(as_frame=True)``.  Where its
+    download host cannot be reached, point the task at a local copy of the
+    table (csv, csv.gz or parquet with those nine columns): ``data_file=`` in
+    Python, run-config key ``data-file``, or the environment variable
+    ``FEDROUTE_HOUSING_FILE`` (used whenever no file is given; an empty
+    ``data-file`` means "not given").  A relative path is resolved against the
+    working directory of the process that reads it, so Flower runs should pass
+    an absolute path.
+
+Processing (paper B.5)
+    1. A seeded random split of the block groups: ``round(test_fraction · N)``
+       rows are held out (:func:`split_rows`, ``generator(seed, 0, 0, DATA)``).
+    2. Group 1 iff ``AveOccup ≥ q``, ``q`` the 0.75-quantile (numpy's default,
+       linear interpolation) of the *training* ``AveOccup``; group 0 otherwise.
+       Test rows are labelled with the same ``q``.
+    3. The eight features are standardised with the mean and (population,
+       ``ddof = 0``) standard deviation of all training rows, and a constant
+       ``1`` is appended last: ``x ∈ R^9``, model ``f_w(x) = xᵀw``.
+    4. Loss ``L_i(w) = n_i⁻¹ Σ_j (x_ijᵀw − y_ij)²`` (no ½, as the paper's ``L_i``).
+
+Clients (our choice)
+    Pure-group clients.  Group 1 gets ``c_1 = clip(round(n · p_1), 2, n − 2)``
+    clients, ``p_1`` its share of the training rows; group 0 gets
+    ``c_0 = n − c_1``.  Clients ``0 … c_0−1`` are group 0 and ``c_0 … n−1``
+    group 1.  A group's training rows, in the order of the seeded split
+    permutation (i.e. shuffled), are cut into ``c_g`` contiguous chunks of
+    near-equal size (``numpy.array_split``); its test rows likewise.  Client
+    sizes therefore differ (by at most one row within a group, a little more
+    between groups).  A :class:`HousingClients` batch pads every client to the
+    largest one in the batch with zero rows and a sample mask, so losses and
+    updates are vectorised over clients; ``num_examples`` are the true counts.
+
+Oracle and initialisation (paper B.5; jitter is our choice)
+    ``β*_g`` is the least-squares fit on group ``g``'s training rows,
+    ``Δ_β = ‖β*_0 − β*_1‖``.  Unit directions ``d_0, d_1`` are drawn once from
+    ``generator(seed, 0, 0, TASK)``; ``u_g(R) = β*_g + R Δ_β d_g`` and
+    ``ū(R) = ½(u_0(R) + u_1(R))``.  Cluster model ``k`` starts at
+    ``ū(R) + init_jitter · Δ_β · z_k`` with ``z_k ~ N(0, I_9)`` from
+    ``generator(seed, 0, 0, INIT)`` (per-coordinate standard deviation
+    ``init_jitter · Δ_β``), so the ``K`` models start close together near
+    ``ū(R)``: a collapsed entrance whose distance from both oracles grows with ``R``.
+
+Defaults (our choice, EXPERIMENTS E6)
+    ``num_clients = 20`` (15 + 5 clients of ≈ 826 training rows each on the real
+    table), ``test_fraction = 0.2``, ``local_steps = 1``,
+    ``learning_rate = 0.05``, ``init_radius = 1.0``, ``init_jitter = 0.05``.
+    Local training is ``E`` full-batch gradient steps, so with pure clients and
+    sample-weighted aggregation one model trained alone on one group does
+    full-batch gradient descent on that group's training rows.  Measured on the
+    real table (seed 0): the largest stable step (``1/λ_max`` of the group's
+    ``XᵀX/n``) is 0.081 for group 0 and 0.0082 for group 1 (heavy ``AveOccup``
+    / ``Population`` outliers) at unit scale — see the report in
+    ``docs`` / the E6 config for the chosen ``T``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from fedroute.client.randomness import Purpose, generator
+
+__all__ = [
+    "FEATURES",
+    "TARGET",
+    "COLUMNS",
+    "DATA_FILE_ENV",
+    "HousingTask",
+    "HousingClients",
+    "load_california_housing",
+    "split_rows",
+]
+
+FEATURES = ("MedInc", "HouseAge", "AveRooms", "AveBedrms", "Population", "AveOccup", "Latitude", "Longitude")
+TARGET = "MedHouseVal"
+COLUMNS = FEATURES + (TARGET,)
+DATA_FILE_ENV = "FEDROUTE_HOUSING_FILE"
+"""Environment variable naming the default local copy of the table."""
+
+OCCUPANCY_QUANTILE = 0.75
+DIMENSION = len(FEATURES) + 1
+
+_OFFLINE_HINT = (
+    "pass data_file= (run-config key 'data-file', CLI --data-file) pointing at a local copy of the "
+    "table (csv, csv.gz or parquet), such as ../shared/data/california_housing.csv.gz, "
+    f"or set the environment variable {DATA_FILE_ENV}"
+)
+
+
+def _default_data_file(data_file: Union[str, Path, None]) -> Optional[Path]:
+    """The file to read: ``data_file``, else ``$FEDROUTE_HOUSING_FILE``, else None (download)."""
+    if data_file is None or str(data_file) == "":
+        data_file = os.environ.get(DATA_FILE_ENV) or None
+    return None if data_file is None else Path(data_file).expanduser()
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    name = path.name.lower()
+    if not path.is_file():
+        raise FileNotFoundError(f"California Housing data file {str(path)!r} does not exist")
+    if name.endswith((".csv", ".csv.gz")):
+        frame = pd.read_csv(path)
+    elif name.endswith((".parquet", ".pq")):
+        frame = pd.read_parquet(path)
+    else:
+        raise ValueError(f"California Housing data file {str(path)!r}: unknown format; "
+                         "allowed: .csv, .csv.gz or .parquet")
+    missing = [column for column in COLUMNS if column not in frame.columns]
+    if missing:
+        raise ValueError(f"California Housing data file {str(path)!r} lacks the column(s) {missing}; "
+                         f"required: {list(COLUMNS)}")
+    return frame
+
+
+def load_california_housing(data_file: Union[str, Path, None] = None) -> pd.DataFrame:
+    """The California Housing table: the 8 features and ``MedHouseVal`` (float64).
+
+    Parameters
+    ----------
+    data_file : str or Path, optional
+        A local copy (csv, csv.gz or parquet) with at least the columns
+        :data:`COLUMNS`.  Default: ``$FEDROUTE_HOUSING_FILE`` if set, otherwise
+        ``sklearn.datasets.fetch_california_housing(as_frame=True)``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Columns :data:`COLUMNS`, in that order, one row per block group.
+
+    Raises
+    ------
+    ValueError
+        The file lacks a required column (named), has an unknown format, or
+        holds non-finite values.
+    FileNotFoundError
+        ``data_file`` does not exist.
+    RuntimeError
+        No file given and the download host of ``fetch_california_housing``
+        is unreachable (the message says how to pass a local copy).
+    """
+    return _load(_default_data_file(data_file))
+
+
+def _load(path: Optional[Path]) -> pd.DataFrame:
+    """Read ``path`` or, if None, call the real loader (no environment lookup here)."""
+    if path is not None:
+        frame = _read_table(path)
+        source = repr(str(path))
+    else:
+        from sklearn.datasets import fetch_california_housing
+
+        try:
+            frame = fetch_california_housing(as_frame=True).frame
+        except OSError as error:  # URLError, HTTPError, ConnectionError, socket timeouts
+            raise RuntimeError(
+                "cannot load California Housing: the download host of "
+                f"sklearn.datasets.fetch_california_housing is unreachable ({error}); {_OFFLINE_HINT}"
+            ) from error
+        source = "fetch_california_housing"
+    frame = frame.loc[:, list(COLUMNS)].astype(np.float64).reset_index(drop=True)
+    if not np.isfinite(frame.to_numpy()).all():
+        raise ValueError(f"California Housing table from {source} holds missing or non-finite values")
+    return frame
+
+
+def split_rows(num_rows: int, test_fraction: float, seed: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The seeded train/test split of row indices: ``(train, test)``, each in shuffled order.
+
+    ``round(test_fraction · num_rows)`` rows are held out; the permutation is
+    ``generator(seed, 0, 0, Purpose.DATA).permutation(num_rows)``.
+    """
+    order = generator(seed, 0, 0, Purpose.DATA).permutation(num_rows).astype(np.int64)
+    num_test = int(round(test_fraction * num_rows))
+    return order[num_test:], order[:num_test]
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_table(source: Optional[str]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Features (N, 8) and target (N,) of one source, read once per process (read-only)."""
+    frame = _load(None if source is None else Path(source))
+    features = frame.loc[:, list(FEATURES)].to_numpy(dtype=np.float64)
+    target = frame[TARGET].to_numpy(dtype=np.float64)
+    features.flags.writeable = False
+    target.flags.writeable = False
+    return features, target
+
+
+def _source_key(data_file: Union[str, Path, None]) -> Optional[str]:
+    path = _default_data_file(data_file)
+    return None if path is None else str(path.resolve())
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """The processed table of one (source, test_fraction, seed, num_clients)."""
+
+    train_inputs: tuple[NDArray[np.float64], ...]  # per client, (n_i, 9)
+    train_targets: tuple[NDArray[np.float64], ...]
+    test_inputs: tuple[NDArray[np.float64], ...]
+    test_targets: tuple[NDArray[np.float64], ...]
+    client_groups: NDArray[np.int64]  # (num_clients,)
+    group_parameters: NDArray[np.float64]  # β*, (2, 9)
+    threshold: float
+    feature_mean: NDArray[np.float64]
+    feature_std: NDArray[np.float64]
+    table: pd.DataFrame
+
+
+def _readonly(array: NDArray) -> NDArray:
+    array.flags.writeable = False
+    return array
+
+
+@functools.lru_cache(maxsize=8)
+def _prepare(source: Optional[str], test_fraction: float, seed: int, num_clients: int) -> _Prepared:
+    raw, target = _cached_table(source)
+    train, test = split_rows(len(raw), test_fraction, seed)
+    if len(train) < 2 or len(test) < 2:
+        raise ValueError(f"housing task: {len(raw)} rows with 'test-fraction' = {test_fraction} leave "
+                         f"{len(train)} training and {len(test)} test rows; need ≥ 2 of each")
+    occupancy = raw[:, FEATURES.index("AveOccup")]
+    threshold = float(np.quantile(occupancy[train], OCCUPANCY_QUANTILE))
+    group = (occupancy >= threshold).astype(np.int64)
+    mean = raw[train].mean(axis=0)
+    std = raw[train].std(axis=0)
+    if np.any(std == 0):
+        constant = [FEATURES[j] for j in np.flatnonzero(std == 0)]
+        raise ValueError(f"housing task: feature(s) {constant} are constant on the training rows")
+    inputs = np.concatenate([(raw - mean) / std, np.ones((len(raw), 1))], axis=1)
+
+    train_by_group = [train[group[train] == g] for g in (0, 1)]
+    test_by_group = [test[group[test] == g] for g in (0, 1)]
+    share = len(train_by_group[1]) / len(train)
+    clients_per_group = [0, int(np.clip(round(num_clients * share), 2, num_clients - 2))]
+    clients_per_group[0] = num_clients - clients_per_group[1]
+    for g in (0, 1):
+        for split, rows in (("training", train_by_group[g]), ("test", test_by_group[g])):
+            if len(rows) < clients_per_group[g]:
+                raise ValueError(
+                    f"housing task: group {g} has {len(rows)} {split} rows for {clients_per_group[g]} clients; "
+                    "lower 'num-clients' or change 'test-fraction' (every client needs ≥ 1 training and test row)"
+                )
+
+    beta = np.empty((2, DIMENSION))
+    for g in (0, 1):
+        beta[g] = np.linalg.lstsq(inputs[train_by_group[g]], target[train_by_group[g]], rcond=None)[0]
+
+    client_of_row = np.full(len(raw), -1, dtype=np.int64)
+    train_parts: list[NDArray[np.int64]] = []
+    test_parts: list[NDArray[np.int64]] = []
+    first = 0
+    for g in (0, 1):
+        train_chunks = np.array_split(train_by_group[g], clients_per_group[g])
+        test_chunks = np.array_split(test_by_group[g], clients_per_group[g])
+        for offset, (train_rows, test_rows) in enumerate(zip(train_chunks, test_chunks)):
+            client_of_row[train_rows] = client_of_row[test_rows] = first + offset
+            train_parts.append(train_rows)
+            test_parts.append(test_rows)
+        first += clients_per_group[g]
+    client_groups = np.repeat(np.arange(2, dtype=np.int64), clients_per_group)
+
+    split_label = np.full(len(raw), "train", dtype=object)
+    split_label[test] = "test"
+    table = pd.DataFrame(raw, columns=list(FEATURES))
+    table[TARGET] = target
+    table["split"] = split_label
+    table["group"] = group
+    table["client"] = client_of_row
+    return _Prepared(
+        train_inputs=tuple(_readonly(inputs[rows]) for rows in train_parts),
+        train_targets=tuple(_readonly(target[rows]) for rows in train_parts),
+        test_inputs=tuple(_readonly(inputs[rows]) for rows in test_parts),
+        test_targets=tuple(_readonly(target[rows]) for rows in test_parts),
+        client_groups=_readonly(client_groups),
+        group_parameters=_readonly(beta),
+        threshold=threshold,
+        feature_mean=_readonly(mean),
+        feature_std=_readonly(std),
+        table=table,
+    )
+
+
+def _pad(parts: list[NDArray[np.float64]], trailing: tuple[int, ...]) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """Stack per-client arrays, zero-padding to the longest; returns (stacked, mask)."""
+    longest = max(len(part) for part in parts)
+    stacked = np.zeros((len(parts), longest) + trailing)
+    mask = np.zeros((len(parts), longest), dtype=bool)
+    for row, part in enumerate(parts):
+        stacked[row, : len(part)] = part
+        mask[row, : len(part)] = True
+    return stacked, mask
+
+
+@dataclass(frozen=True)
+class HousingClients:
+    """Training and held-out rows of a batch of housing clients, padded with a sample mask.
+
+    ``train_inputs`` is ``(n, S, 9)`` with ``S`` the largest client's row count;
+    rows with ``train_mask == False`` are zero padding and never enter a loss or
+    an update.  Likewise for the test split.
+    """
+
+    client_ids: NDArray[np.int64]
+    groups: NDArray[np.int64]
+    train_inputs: NDArray[np.float64]
+    train_targets: NDArray[np.float64]
+    train_mask: NDArray[np.bool_]
+    test_inputs: NDArray[np.float64]
+    test_targets: NDArray[np.float64]
+    test_mask: NDArray[np.bool_]
+    local_steps: int
+    learning_rate: float
+
+    @property
+    def num_examples(self) -> NDArray[np.int64]:
+        """``n_i``: the true number of training rows of each client."""
+        return self.train_mask.sum(axis=1).astype(np.int64)
+
+    @property
+    def num_test_examples(self) -> NDArray[np.int64]:
+        """Held-out rows of each client."""
+        return self.test_mask.sum(axis=1).astype(np.int64)
+
+    def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
+        """``n_i⁻¹ Σ_j (x_ijᵀw_k − y_ij)²`` for every client and model, shape (n, K).
+
+        ``cluster_models`` is ``(K, 9)`` (shared) or ``(n, K, 9)`` (one set per client).
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if split == "train":
+            inputs, targets, mask = self.train_inputs, self.train_targets, self.train_mask
+        else:
+            inputs, targets, mask = self.test_inputs, self.test_targets, self.test_mask
+        models = np.asarray(cluster_models, dtype=np.float64)
+        if models.ndim == 2:
+            predictions = np.einsum("nsd,kd->nks", inputs, models)
+        elif models.ndim == 3 and models.shape[0] == len(self.client_ids):
+            predictions = np.einsum("nsd,nkd->nks", inputs, models)
+        else:
+            raise ValueError(f"cluster_models must be (K, {DIMENSION}) or ({len(self.client_ids)}, K, "
+                             f"{DIMENSION}), got shape {models.shape}")
+        weights = mask / mask.sum(axis=1, keepdims=True)
+        return np.einsum("nks,ns->nk", (predictions - targets[:, None, :]) ** 2, weights)
+
+    def local_update(
+        self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
+    ) -> NDArray[np.floating]:
+        """``E`` full-batch gradient steps of model ``j`` on client ``client_index[j]``'s own rows.
+
+        Gradient of ``L_i``: ``(2 / n_i) Σ_j x_ij (x_ijᵀw − y_ij)`` over the
+        client's real (unmasked) rows.  Deterministic (``round_index`` unused).
+        """
+        client_index = np.asarray(client_index, dtype=np.int64)
+        inputs = self.train_inputs[client_index]
+        targets = self.train_targets[client_index]
+        weights = self.train_mask[client_index] / self.num_examples[client_index][:, None]
+        parameters = np.array(models, dtype=np.float64, copy=True)
+        for _ in range(self.local_steps):
+            residuals = (np.einsum("jsd,jd->js", inputs, parameters) - targets) * weights
+            parameters -= self.learning_rate * 2.0 * np.einsum("jsd,js->jd", inputs, residuals)
+        return parameters
+
+
+@dataclass(frozen=True)
+class HousingTask:
+    """Configuration of the California Housing task (see the module docstring).
+
+    Parameters
+    ----------
+    num_clients : int
+        ``n`` (≥ 4, so that each group has ≥ 2 clients); split over the groups
+        in proportion to their training rows.
+    test_fraction : float
+        Share of block groups held out, in ``(0, 1)``.
+    local_steps : int
+        ``E`` full-batch gradient steps per local update (≥ 1).
+    learning_rate : float
+        ``η_loc`` in ``(0, 1]``.
+    init_radius : float
+        ``R`` (≥ 0) of ``u_g(R) = β*_g + R Δ_β d_g``.
+    init_jitter : float
+        Per-coordinate noise of each initial cluster model, in units of
+        ``Δ_β`` (≥ 0).
+    seed : int
+        Split, directions and initialisation seed (≥ 0).
+    data_file : str, optional
+        Local copy of the table (csv, csv.gz, parquet); default
+        ``$FEDROUTE_HOUSING_FILE``, else ``fetch_california_housing``.
+    """
+
+    num_clients: int = 20
+    test_fraction: float = 0.2
+    local_steps: int = 1
+    learning_rate: float = 0.05
+    init_radius: float = 1.0
+    init_jitter: float = 0.05
+    seed: int = 0
+    data_file: Optional[str] = None
+    name: str = "housing"
+
+    def __post_init__(self) -> None:
+        for key in ("num_clients", "local_steps", "seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"housing task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
+                                 "allowed: an integer")
+        for key in ("test_fraction", "learning_rate", "init_radius", "init_jitter"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+                raise ValueError(f"housing task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
+                                 "allowed: a number")
+        checks = [
+            (self.num_clients >= 4, "num-clients", self.num_clients, "an integer ≥ 4 (≥ 2 clients per group)"),
+            (0 < self.test_fraction < 1, "test-fraction", self.test_fraction, "a number in (0, 1)"),
+            (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
+            (0 < self.learning_rate <= 1, "learning-rate", self.learning_rate, "(0, 1]"),
+            (np.isfinite(self.init_radius) and self.init_radius >= 0, "init-radius", self.init_radius, "≥ 0"),
+            (np.isfinite(self.init_jitter) and self.init_jitter >= 0, "init-jitter", self.init_jitter, "≥ 0"),
+            (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
+        ]
+        for holds, key, value, allowed in checks:
+            if not holds:
+                raise ValueError(f"housing task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        if self.data_file is not None:
+            if not isinstance(self.data_file, (str, Path)):
+                raise ValueError(f"housing task setting 'data-file' = {self.data_file!r} is invalid; "
+                                 "allowed: a path")
+            object.__setattr__(self, "data_file", str(self.data_file) or None)
+        if self.data_file is not None and not Path(self.data_file).expanduser().is_file():
+            raise ValueError(f"housing task setting 'data-file' = {self.data_file!r} is invalid; allowed: an "
+                             "existing csv, csv.gz or parquet file (relative paths are resolved against the "
+                             f"working directory {os.getcwd()!r})")
+
+    # -- processed data (read once per process and cached) -------------------------------------
+    @property
+    def _data(self) -> _Prepared:
+        return _prepare(_source_key(self.data_file), float(self.test_fraction), int(self.seed),
+                        int(self.num_clients))
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The raw table with ``split`` ("train"/"test"), ``group`` and ``client`` columns (a copy)."""
+        return self._data.table.copy()
+
+    @property
+    def occupancy_threshold(self) -> float:
+        """``q``: the 0.75-quantile of the training ``AveOccup``."""
+        return self._data.threshold
+
+    @property
+    def feature_mean(self) -> NDArray[np.float64]:
+        """Training mean of the 8 raw features."""
+        return self._data.feature_mean
+
+    @property
+    def feature_std(self) -> NDArray[np.float64]:
+        """Training (population) standard deviation of the 8 raw features."""
+        return self._data.feature_std
+
+    @property
+    def group_parameters(self) -> NDArray[np.float64]:
+        """``β*_g`` (least squares on group ``g``'s training rows) as a (2, 9) array."""
+        return self._data.group_parameters
+
+    @property
+    def group_distance(self) -> float:
+        """``Δ_β = ‖β*_0 − β*_1‖``."""
+        beta = self.group_parameters
+        return float(np.linalg.norm(beta[0] - beta[1]))
+
+    @property
+    def group_proportions(self) -> NDArray[np.float64]:
+        """Share of clients in each group."""
+        return np.bincount(self._data.client_groups, minlength=2) / self.num_clients
+
+    @property
+    def directions(self) -> NDArray[np.float64]:
+        """The fixed unit directions ``d_g``, shape (2, 9) (``generator(seed, 0, 0, TASK)``)."""
+        draws = generator(self.seed, 0, 0, Purpose.TASK).standard_normal((2, DIMENSION))
+        return draws / np.linalg.norm(draws, axis=1, keepdims=True)
+
+    def displaced_parameters(self, radius: Optional[float] = None) -> NDArray[np.float64]:
+        """``u_g(R) = β*_g + R Δ_β d_g``, shape (2, 9) (default ``R = init_radius``)."""
+        radius = self.init_radius if radius is None else radius
+        return self.group_parameters + radius * self.group_distance * self.directions
+
+    def initial_centre(self, radius: Optional[float] = None) -> NDArray[np.float64]:
+        """``ū(R) = ½(u_0(R) + u_1(R))``, shape (9,)."""
+        return self.displaced_parameters(radius).mean(axis=0)
+
+    def groups(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Latent group of each client (evaluation only)."""
+        client_ids = self._checked(client_ids)
+        return self._data.client_groups[client_ids].copy()
+
+    def _checked(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
+        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
+            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        return client_ids
+
+    def clients(self, client_ids: NDArray[np.int64]) -> HousingClients:
+        """Rows of the given clients, padded to the largest of them (a client's rows do not
+        depend on which other clients are in the batch)."""
+        client_ids = self._checked(client_ids)
+        if client_ids.size == 0:
+            raise ValueError("clients() needs at least one client id")
+        data = self._data
+        train_inputs, train_mask = _pad([data.train_inputs[i] for i in client_ids], (DIMENSION,))
+        train_targets, _ = _pad([data.train_targets[i] for i in client_ids], ())
+        test_inputs, test_mask = _pad([data.test_inputs[i] for i in client_ids], (DIMENSION,))
+        test_targets, _ = _pad([data.test_targets[i] for i in client_ids], ())
+        return HousingClients(
+            client_ids=client_ids, groups=data.client_groups[client_ids].copy(),
+            train_inputs=train_inputs, train_targets=train_targets, train_mask=train_mask,
+            test_inputs=test_inputs, test_targets=test_targets, test_mask=test_mask,
+            local_steps=self.local_steps, learning_rate=self.learning_rate,
+        )
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.float64]:
+        """``W^0``: ``ū(R) + init_jitter · Δ_β · z_k``, ``z_k ~ N(0, I_9)``, shape (K, 9)."""
+        if isinstance(num_clusters, bool) or int(num_clusters) != num_clusters or num_clusters < 1:
+            raise ValueError(f"num_clusters must be an integer ≥ 1, got {num_clusters!r}")
+        noise = generator(self.seed, 0, 0, Purpose.INIT).standard_normal((int(num_clusters), DIMENSION))
+        return self.initial_centre() + self.init_jitter * self.group_distance * noise
