@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 # Record keys.
 CONFIG = "config"
 MODEL = "model"
+GLOBAL_MODEL = "global-model"
 METRICS = "metrics"
 CLUSTER_PREFIX = "cluster-"
 
@@ -35,6 +36,9 @@ MASSES = "masses"
 HAS_MASSES = "has-masses"
 SEED = "seed"
 RUN_KEY = "run-key"
+ALGORITHM = "algorithm"
+ALGORITHM_ROUTING = "routing"
+ALGORITHM_FEDCAM = "fedcam"
 ROUTING_PREFIX = "routing."
 
 # Phases.

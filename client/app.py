@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedroute import protocol
+from fedroute.client.fedcam import fedcam_client_round
 from fedroute.client.round import client_round, provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state
@@ -75,6 +76,8 @@ def _reply(message: Message, metrics: dict[str, Any], model: ArrayRecord | None 
 def train(message: Message, context: Context) -> Message:
     """One routing round: losses → agent step → local training of the routed model."""
     config, settings, models, template, clients = _received(message, context)
+    if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
+        return _train_fedcam(message, config, models, template, clients)
     run_key = str(config[protocol.RUN_KEY])
     masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
     result = client_round(
@@ -98,6 +101,24 @@ def train(message: Message, context: Context) -> Message:
         protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
         protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
     }, array_record(trained))
+
+
+def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, template: dict[str, np.ndarray],
+                  clients: ClientBatch) -> Message:
+    """FedCAM: assignment by the combined predictor, local update of both parts."""
+    global_model = protocol.flatten_arrays(
+        {name: array.numpy() for name, array in message.content[protocol.GLOBAL_MODEL].items()})
+    result = fedcam_client_round(clients, global_model, models, int(config[protocol.ROUND_INDEX]))
+    cluster = int(result.routes[0])
+    reply = _reply(message, {
+        protocol.CLUSTER: cluster,
+        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
+        protocol.CLIENT_ID: int(clients.client_ids[0]),
+        protocol.LOSSES: [float(v) for v in result.losses[0]],
+        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
+    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)))
+    reply.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
+    return reply
 
 
 @app.query()

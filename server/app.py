@@ -1,7 +1,7 @@
 """The fedroute ServerApp: run config → strategy per method → results directory.
 
-With ``method = "all"`` it runs Greedy IFCA, EXP3 and synchronized entry in
-turn on the same nodes (each with its own client-state namespace), prints a
+With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
+FedCAM baseline in turn on the same nodes (each with its own client-state namespace), prints a
 per-method table and writes ``<results-dir>/<run-id>/``.
 """
 
@@ -23,6 +23,7 @@ from fedroute.server.results import summary_table, write_results
 from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.summary import run_summary
 from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.fedcam import FedCAM
 from fedroute.strategies.records import array_record
 
 __all__ = ["app", "run_method"]
@@ -35,7 +36,8 @@ def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[Clustere
     """Run one method to the end; return its strategy (history, models) and summary."""
     routing = settings.routing[method]
     num_clients = settings.task.num_clients
-    strategy = ClusteredRouting(
+    strategy_class = FedCAM if method == "fedcam" else ClusteredRouting
+    strategy = strategy_class(
         routing,
         fraction_train=settings.fraction_train,
         min_train_nodes=min(settings.min_train_nodes, num_clients),
@@ -48,7 +50,8 @@ def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[Clustere
     started = time.monotonic()
     strategy.start(grid, [array_record({"weights": model}) for model in initial], num_rounds=settings.num_rounds)
     wall = time.monotonic() - started
-    final = np.stack([protocol.flatten_arrays(model) for model in strategy.cluster_models])
+    evaluated = strategy.combined_models() if isinstance(strategy, FedCAM) else strategy.cluster_models
+    final = np.stack([protocol.flatten_arrays(model) for model in evaluated])
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
     summary = run_summary(
@@ -76,7 +79,8 @@ def main(grid: Grid, context: Context) -> None:
         rounds.append(pd.DataFrame(strategy.history).assign(method=method))
         routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
                       for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
-        for cluster, model in enumerate(strategy.cluster_models):
+        evaluated = strategy.combined_models() if isinstance(strategy, FedCAM) else strategy.cluster_models
+        for cluster, model in enumerate(evaluated):
             models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
     directory = settings.results_dir / str(context.run_id)
     config = {

@@ -22,6 +22,7 @@ REPRODUCE_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 def _simulate(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from fedroute.simulation.fedcam import simulate_fedcam_batch
     from fedroute.simulation.simulator import simulate
     from fedroute.simulation.summary import run_summary
     from fedroute.strategies.methods import METHODS, method_settings
@@ -31,9 +32,14 @@ def _simulate(args: argparse.Namespace) -> int:
     clients = task.clients(np.arange(task.num_clients))
     summaries = {}
     for method in (METHODS if args.method == "all" else (args.method,)):
-        history = simulate(task, method_settings(method, task.name), args.rounds, args.seed)
-        final = history.cluster_models[-1]
-        counts = np.stack([np.bincount(r, minlength=final.shape[0]) for r in history.routes])
+        settings = method_settings(method, task.name)
+        if method == "fedcam":
+            batch = simulate_fedcam_batch([task], settings, args.rounds, [args.seed])
+            final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
+        else:
+            history = simulate(task, settings, args.rounds, args.seed)
+            final, routes = history.cluster_models[-1], history.routes
+        counts = np.stack([np.bincount(r, minlength=final.shape[0]) for r in routes])
         summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
                                         clients.groups, counts, task.group_parameters)
     print(json.dumps(summaries, indent=2))
@@ -76,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     flower.set_defaults(handler=_flower)
 
     sim = commands.add_parser("simulate", help="one linear-task configuration in the batched simulator")
-    sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry"))
+    sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry", "fedcam"))
     sim.add_argument("--rounds", type=int, default=100)
     sim.add_argument("--num-clients", type=int, default=80)
     sim.add_argument("--init", default="collapsed", choices=("collapsed", "spread"))

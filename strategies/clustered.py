@@ -138,8 +138,9 @@ class ClusteredRouting(Strategy):
     def _messages(
         self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]
     ) -> list[Message]:
-        """One fresh RecordDict per node: the K models and a ConfigRecord."""
-        models = [array_record(arrays) for arrays in self.cluster_models]
+        """One fresh RecordDict per node: the K models (plus :meth:`_extra_records`) and a ConfigRecord."""
+        models = [array_record(arrays) for arrays in self._broadcast_models(message_type)]
+        extra = self._extra_records(message_type)
         full_config = {
             **self.client_config,
             **protocol.routing_config(self.routing.to_dict()),
@@ -151,9 +152,26 @@ class ClusteredRouting(Strategy):
         for node_id in node_ids:
             content = RecordDict({protocol.cluster_key(k): ArrayRecord(dict(model.items()))
                                   for k, model in enumerate(models)})
+            for key, record in extra.items():
+                content[key] = ArrayRecord(dict(record.items()))
             content[protocol.CONFIG] = ConfigRecord(dict(full_config))
             messages.append(Message(content=content, message_type=message_type, dst_node_id=node_id))
         return messages
+
+    def _broadcast_models(self, message_type: str) -> list[dict[str, NDArray]]:
+        """The K models a message carries (subclasses may send e.g. combined predictors)."""
+        return self.cluster_models
+
+    def _extra_records(self, message_type: str) -> dict[str, ArrayRecord]:
+        """Further ArrayRecords a message carries (none here)."""
+        return {}
+
+    def _validate_train(self, content: Mapping[str, Any]) -> TrainReply:
+        """Validate one training reply (subclasses may check further records)."""
+        return validate_train_reply(content, self.num_clusters, self.cluster_models[0])
+
+    def _after_hard_update(self, valid: list[TrainReply]) -> None:
+        """Hook after the per-cluster update of a round with valid replies."""
 
     def _masses_config(self, masses: Optional[NDArray[np.float64]]) -> dict[str, Any]:
         return {
@@ -271,8 +289,7 @@ class ClusteredRouting(Strategy):
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Validate, hard-update per cluster, compute masses, record the round."""
         template = self.cluster_models[0]
-        valid: list[TrainReply] = self._valid(
-            replies, lambda c: validate_train_reply(c, self.num_clusters, template), server_round, "train")
+        valid: list[TrainReply] = self._valid(replies, self._validate_train, server_round, "train")
         previous = [dict(model) for model in self.cluster_models]
         if valid:
             routes = np.array([reply.cluster for reply in valid], dtype=np.int64)
@@ -282,6 +299,7 @@ class ClusteredRouting(Strategy):
             updated = hard_update(current, flat_models, routes, weights)
             self.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in updated]
             self.routing_masses = routing_masses(routes, weights, self.num_clusters)
+            self._after_hard_update(valid)
         else:
             logger.warning("round %d: no valid reply; cluster models and masses unchanged", server_round)
             routes, weights = np.zeros(0, dtype=np.int64), np.zeros(0)

@@ -9,8 +9,10 @@ from fedroute.client.settings import RoutingSettings
 
 __all__ = ["METHODS", "TASK_CONTROLLERS", "method_settings"]
 
-METHODS = ("greedy", "exp3", "sync-entry")
+METHODS = ("greedy", "exp3", "sync-entry", "fedcam")
 """``greedy``: Greedy IFCA (every client on ``gr`` forever).
+``fedcam``: the FedCAM baseline (a global part plus cluster parts, Greedy on the
+combined predictor; :class:`fedroute.strategies.fedcam.FedCAM`).
 ``exp3``: autonomous EXP3 over the task's controllers (fixed blocks, or
 actions when the set contains ``hys``).
 ``sync-entry``: synchronized entry, then EXP3 over ``{gr, hys}`` in action mode."""
@@ -48,7 +50,7 @@ def method_settings(method: str, task: str, **overrides: Any) -> RoutingSettings
         raise ValueError(f"method = {method!r} is invalid; allowed: {METHODS}")
     if task not in TASK_CONTROLLERS:
         raise ValueError(f"task = {task!r} is invalid; allowed: {tuple(TASK_CONTROLLERS)}")
-    if method == "greedy":
+    if method in ("greedy", "fedcam"):
         base = RoutingSettings(controllers=("gr",))
     elif method == "exp3":
         controllers = TASK_CONTROLLERS[task]
@@ -63,7 +65,7 @@ def method_settings(method: str, task: str, **overrides: Any) -> RoutingSettings
             hysteresis_max_rounds=SYNC_ENTRY_MAX_ROUNDS,
         )
     chosen = {key: value for key, value in overrides.items() if value is not None}
-    if method == "greedy":
+    if method in ("greedy", "fedcam"):
         chosen.pop("controllers", None)  # Greedy IFCA is Greedy whatever the controller set
         chosen.pop("synchronized_entry", None)
     return replace(base, **chosen)

@@ -8,7 +8,7 @@ to ArrayRecord / MetricRecord objects).  Flower types are only duck-typed here
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from fedroute import protocol
 
 __all__ = ["TrainReply", "ProvisionalReply", "EvaluateReply", "ReplyRejected",
-           "validate_train_reply", "validate_provisional_reply", "validate_evaluate_reply",
+           "validate_train_reply", "validate_provisional_reply", "validate_evaluate_reply", "validate_model_record",
            "MAX_NUM_EXAMPLES"]
 
 MAX_NUM_EXAMPLES = 10**9
@@ -37,6 +37,8 @@ class TrainReply:
     num_examples: float
     model: dict[str, NDArray]
     metrics: dict[str, Any]
+    extras: dict[str, dict[str, NDArray]] = field(default_factory=dict)
+    """Further validated model records (e.g. FedCAM's global part)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,31 @@ def _metrics(content: Mapping[str, Any]) -> dict[str, Any]:
         raise ReplyRejected(f"'{protocol.METRICS}' is not a MetricRecord") from error
 
 
+def validate_model_record(content: Mapping[str, Any], key: str, template: Mapping[str, NDArray]) -> dict[str, NDArray]:
+    """The arrays of ArrayRecord ``key``: same names, shapes and dtypes as ``template``, all finite."""
+    record = _record(content, key, "ArrayRecord")
+    try:
+        items = list(record.items())
+    except AttributeError as error:
+        raise ReplyRejected(f"'{key}' is not an ArrayRecord") from error
+    if [name for name, _ in items] != list(template):
+        raise ReplyRejected(f"{key} arrays {[name for name, _ in items]} differ from {list(template)}")
+    model = {}
+    for name, array in items:
+        try:
+            values = array.numpy()
+        except Exception as error:  # a corrupt or pickled payload must not crash the server
+            raise ReplyRejected(f"{key} array '{name}' cannot be decoded: {error}") from error
+        expected = template[name]
+        if values.shape != expected.shape or values.dtype != expected.dtype:
+            raise ReplyRejected(f"{key} array '{name}' has shape {values.shape} and dtype {values.dtype}; "
+                                f"expected {expected.shape} and {expected.dtype}")
+        if not np.all(np.isfinite(values)):
+            raise ReplyRejected(f"{key} array '{name}' has NaN or Inf entries")
+        model[name] = values
+    return model
+
+
 def validate_train_reply(
     content: Mapping[str, Any], num_clusters: int, template: Mapping[str, NDArray]
 ) -> TrainReply:
@@ -134,26 +161,7 @@ def validate_train_reply(
     num_examples = _num_examples(metrics)
     for key in (protocol.LOSSES, protocol.ROUTE_DISTRIBUTION):
         _vector(metrics, key, num_clusters)
-    record = _record(content, protocol.MODEL, "ArrayRecord")
-    try:
-        items = list(record.items())
-    except AttributeError as error:
-        raise ReplyRejected(f"'{protocol.MODEL}' is not an ArrayRecord") from error
-    if [name for name, _ in items] != list(template):
-        raise ReplyRejected(f"model arrays {[name for name, _ in items]} differ from {list(template)}")
-    model = {}
-    for name, array in items:
-        try:
-            values = array.numpy()
-        except Exception as error:  # a corrupt or pickled payload must not crash the server
-            raise ReplyRejected(f"model array '{name}' cannot be decoded: {error}") from error
-        expected = template[name]
-        if values.shape != expected.shape or values.dtype != expected.dtype:
-            raise ReplyRejected(f"model array '{name}' has shape {values.shape} and dtype {values.dtype}; "
-                                f"expected {expected.shape} and {expected.dtype}")
-        if not np.all(np.isfinite(values)):
-            raise ReplyRejected(f"model array '{name}' has NaN or Inf entries")
-        model[name] = values
+    model = validate_model_record(content, protocol.MODEL, template)
     return TrainReply(client_id=client_id, cluster=cluster, num_examples=num_examples, model=model, metrics=metrics)
 
 

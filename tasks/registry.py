@@ -1,17 +1,24 @@
-"""Build a task from run-config keys (``[tool.flwr.app.config]`` or a dict)."""
+"""Build a task from run-config keys (``[tool.flwr.app.config]`` or a dict).
+
+Each task has one key table: run-config key → (dataclass field, kind).  Keys
+of other tasks are ignored, so one run config can carry every task's keys.
+Range checks live in the task dataclasses; their messages name the run-config
+key and the allowed values.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from fedroute.tasks.base import Task
+from fedroute.tasks.housing import HousingTask
 from fedroute.tasks.linear import LinearTask
 
-__all__ = ["TASKS", "task_from_config"]
+__all__ = ["TASKS", "TASK_KEYS", "task_from_config"]
 
-TASKS = ("linear",)
+_KeyTable = dict[str, tuple[str, type]]
 
-_LINEAR_KEYS = {
+_LINEAR_KEYS: _KeyTable = {
     "num-clients": ("num_clients", int),
     "dimension": ("dimension", int),
     "group-distance": ("group_distance", float),
@@ -25,20 +32,59 @@ _LINEAR_KEYS = {
     "seed": ("seed", int),
 }
 
+_HOUSING_KEYS: _KeyTable = {
+    "num-clients": ("num_clients", int),
+    "test-fraction": ("test_fraction", float),
+    "local-steps": ("local_steps", int),
+    "learning-rate": ("learning_rate", float),
+    "init-radius": ("init_radius", float),
+    "init-jitter": ("init_jitter", float),
+    "seed": ("seed", int),
+    "data-file": ("data_file", str),  # "" = not given ($FEDROUTE_HOUSING_FILE, else download)
+}
+
+TASK_KEYS: dict[str, tuple[Callable[..., Task], _KeyTable]] = {
+    "linear": (LinearTask, _LINEAR_KEYS),
+    "housing": (HousingTask, _HOUSING_KEYS),
+}
+"""Task name → (task class, run-config key table)."""
+
+TASKS = tuple(TASK_KEYS)
+
+
+def _convert(key: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind``; errors name the run-config key."""
+    if kind is str:
+        return str(value)
+    if isinstance(value, bool):
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: "
+                         f"{'an integer' if kind is int else 'a number'}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: "
+                         f"{'an integer' if kind is int else 'a number'}") from None
+    if kind is int:
+        if number != number or number in (float("inf"), float("-inf")) or number != int(number):
+            raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer")
+        return int(number)
+    return number
+
 
 def task_from_config(config: Mapping[str, Any]) -> Task:
     """The task named by ``config["task"]`` with the settings present in ``config``.
 
-    Missing keys take the task's defaults; unrelated keys are ignored.
+    Missing keys take the task's defaults; keys of other tasks and unrelated
+    keys are ignored.
     """
     name = config.get("task", "linear")
-    if name not in TASKS:
+    if name not in TASK_KEYS:
         raise ValueError(f"run-config 'task' = {name!r} is invalid; allowed: {TASKS}")
+    factory, keys = TASK_KEYS[name]
     arguments = {}
-    for key, (field, kind) in _LINEAR_KEYS.items():
+    for key, (field, kind) in keys.items():
         if key in config:
-            value = config[key]
-            if kind is int and (isinstance(value, bool) or float(value) != int(value)):
-                raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer")
-            arguments[field] = kind(value)
-    return LinearTask(**arguments)
+            arguments[field] = _convert(key, config[key], kind)
+    if name == "housing" and arguments.get("data_file") == "":
+        arguments["data_file"] = None
+    return factory(**arguments)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import tomllib
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 
 from fedroute.server.launcher import run_flower_app
 from fedroute.server.run_config import parse_run_config
+from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import simulate
 
 NUM_CLIENTS, NUM_ROUNDS, BLOCK = 12, 20, 5
@@ -51,7 +53,7 @@ def test_writes_every_result_file(flower_run: Path) -> None:
     for name in ("config.json", "rounds.csv", "rounds.parquet", "summary.json", "cluster_models.npz", "routes.csv"):
         assert (flower_run / name).is_file(), name
     summary = json.loads((flower_run / "summary.json").read_text())
-    assert set(summary) == {"greedy", "exp3", "sync-entry"}
+    assert set(summary) == {"greedy", "exp3", "sync-entry", "fedcam"}
     for method in summary.values():
         assert method["evaluated_clients"] == NUM_CLIENTS and method["rejected_replies"] == 0
 
@@ -62,7 +64,12 @@ def test_flower_and_simulator_make_identical_routes_and_models(flower_run: Path,
     models = np.load(flower_run / "cluster_models.npz")
     entered_somewhere = False
     for method in settings.methods:
-        history = simulate(settings.task, settings.routing[method], NUM_ROUNDS, settings.seed)
+        if method == "fedcam":
+            batch = simulate_fedcam_batch([settings.task], settings.routing[method], NUM_ROUNDS, [settings.seed])
+            history = SimpleNamespace(routes=batch.routes[:, 0], cluster_models=batch.cluster_models[:, 0],
+                                      entered=np.zeros(1, dtype=bool))
+        else:
+            history = simulate(settings.task, settings.routing[method], NUM_ROUNDS, settings.seed)
         table = routes[routes.method == method].pivot(index="round_index", columns="client_id", values="cluster")
         assert table.shape == (NUM_ROUNDS, NUM_CLIENTS)
         np.testing.assert_array_equal(table.to_numpy(), history.routes, err_msg=method)
@@ -84,6 +91,8 @@ def test_only_routed_clusters_change(flower_run: Path) -> None:
 def test_client_state_persists_across_rounds(flower_run: Path) -> None:
     rounds = pd.read_csv(flower_run / "rounds.csv")
     for method, table in rounds.groupby("method"):
+        if method == "fedcam":  # FedCAM keeps no controller state
+            continue
         np.testing.assert_array_equal(table.min_rounds_played, table.server_round, err_msg=method)
         np.testing.assert_array_equal(table.max_rounds_played, table.server_round, err_msg=method)
     exp3 = rounds[rounds.method == "exp3"].set_index("round_index").exp3_weight_spread

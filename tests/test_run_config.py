@@ -20,7 +20,7 @@ def defaults(repository: Path) -> dict:
 
 def test_defaults_parse_to_three_methods(defaults: dict) -> None:
     settings = parse_run_config(defaults)
-    assert settings.methods == ("greedy", "exp3", "sync-entry")
+    assert settings.methods == ("greedy", "exp3", "sync-entry", "fedcam")
     assert settings.routing["greedy"].controllers == ("gr",)
     assert settings.routing["exp3"].controllers == ("gr", "rh") and settings.routing["exp3"].exp3_mode == "block"
     assert settings.routing["sync-entry"].synchronized_entry
@@ -62,6 +62,7 @@ def test_simulate_command_reports_collapse_and_recovery(capsys: pytest.CaptureFi
     summaries = json.loads(capsys.readouterr().out)
     assert summaries["greedy"]["recovery_error"] >= 0.5 and summaries["greedy"]["persistent_collapse"]
     assert summaries["exp3"]["recovery_error"] < 0.5 and summaries["exp3"]["usable_models_test"] == 2
+    assert summaries["fedcam"]["recovery_error"] >= 0.5  # the additive baseline stays collapsed too
 
 
 def test_run_config_text_for_flwr() -> None:
