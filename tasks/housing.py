@@ -32,9 +32,11 @@ Clients (our choice)
     permutation (i.e. shuffled), are cut into ``c_g`` contiguous chunks of
     near-equal size (``numpy.array_split``); its test rows likewise.  Client
     sizes therefore differ (by at most one row within a group, a little more
-    between groups).  A :class:`HousingClients` batch pads every client to the
-    largest one in the batch with zero rows and a sample mask, so losses and
-    updates are vectorised over clients; ``num_examples`` are the true counts.
+    between groups).  The rows are padded to the largest client with zero rows
+    and a sample mask (:class:`HousingSamples`); the mask-weighted loss moments
+    of each client's own rows (:class:`HousingClients`, as in the linear task)
+    vectorise losses and updates over clients of unequal size and let batches
+    of different seeds be concatenated; ``num_examples`` are the true counts.
 
 Oracle and initialisation (paper B.5; jitter is our choice)
     ``β*_g`` is the least-squares fit on group ``g``'s training rows,
@@ -95,6 +97,7 @@ __all__ = [
     "DATA_FILE_ENV",
     "HousingTask",
     "HousingClients",
+    "HousingSamples",
     "load_california_housing",
     "split_rows",
 ]
@@ -227,6 +230,8 @@ class _Prepared:
     test_inputs: tuple[NDArray[np.float64], ...]
     test_targets: tuple[NDArray[np.float64], ...]
     client_groups: NDArray[np.int64]  # (num_clients,)
+    train_moments: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]  # all clients
+    test_moments: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
     group_parameters: NDArray[np.float64]  # β*, (2, 9)
     threshold: float
     feature_mean: NDArray[np.float64]
@@ -294,12 +299,16 @@ def _prepare(source: Optional[str], test_fraction: float, seed: int, num_clients
     table["split"] = split_label
     table["group"] = group
     table["client"] = client_of_row
+    train_inputs = tuple(_readonly(inputs[rows]) for rows in train_parts)
+    train_targets = tuple(_readonly(target[rows]) for rows in train_parts)
+    test_inputs = tuple(_readonly(inputs[rows]) for rows in test_parts)
+    test_targets = tuple(_readonly(target[rows]) for rows in test_parts)
     return _Prepared(
-        train_inputs=tuple(_readonly(inputs[rows]) for rows in train_parts),
-        train_targets=tuple(_readonly(target[rows]) for rows in train_parts),
-        test_inputs=tuple(_readonly(inputs[rows]) for rows in test_parts),
-        test_targets=tuple(_readonly(target[rows]) for rows in test_parts),
+        train_inputs=train_inputs, train_targets=train_targets,
+        test_inputs=test_inputs, test_targets=test_targets,
         client_groups=_readonly(client_groups),
+        train_moments=_moments(*_pad(train_inputs, train_targets)),
+        test_moments=_moments(*_pad(test_inputs, test_targets)),
         group_parameters=_readonly(beta),
         threshold=threshold,
         feature_mean=_readonly(mean),
@@ -308,24 +317,37 @@ def _prepare(source: Optional[str], test_fraction: float, seed: int, num_clients
     )
 
 
-def _pad(parts: list[NDArray[np.float64]], trailing: tuple[int, ...]) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """Stack per-client arrays, zero-padding to the longest; returns (stacked, mask)."""
-    longest = max(len(part) for part in parts)
-    stacked = np.zeros((len(parts), longest) + trailing)
-    mask = np.zeros((len(parts), longest), dtype=bool)
-    for row, part in enumerate(parts):
-        stacked[row, : len(part)] = part
-        mask[row, : len(part)] = True
-    return stacked, mask
+def _pad(
+    inputs: tuple[NDArray[np.float64], ...], targets: tuple[NDArray[np.float64], ...]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_]]:
+    """Stack per-client rows, zero-padded to the longest client: ``(n, S, 9)``, ``(n, S)``, mask ``(n, S)``."""
+    longest = max(len(part) for part in targets)
+    stacked_inputs = np.zeros((len(targets), longest, DIMENSION))
+    stacked_targets = np.zeros((len(targets), longest))
+    mask = np.zeros((len(targets), longest), dtype=bool)
+    for row, (x, y) in enumerate(zip(inputs, targets)):
+        stacked_inputs[row, : len(y)], stacked_targets[row, : len(y)], mask[row, : len(y)] = x, y, True
+    return stacked_inputs, stacked_targets, mask
+
+
+def _moments(
+    inputs: NDArray[np.float64], targets: NDArray[np.float64], mask: NDArray[np.bool_]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """``(XᵀX/n_i, Xᵀy/n_i, yᵀy/n_i)`` per client over its real (masked-in) rows only."""
+    weights = mask / mask.sum(axis=1, keepdims=True)
+    return (
+        _readonly(np.einsum("nsd,nse,ns->nde", inputs, inputs, weights)),
+        _readonly(np.einsum("nsd,ns,ns->nd", inputs, targets, weights)),
+        _readonly(np.einsum("ns,ns,ns->n", targets, targets, weights)),
+    )
 
 
 @dataclass(frozen=True)
-class HousingClients:
-    """Training and held-out rows of a batch of housing clients, padded with a sample mask.
+class HousingSamples:
+    """The rows of a batch of housing clients, zero-padded to the largest client with a sample mask.
 
     ``train_inputs`` is ``(n, S, 9)`` with ``S`` the largest client's row count;
-    rows with ``train_mask == False`` are zero padding and never enter a loss or
-    an update.  Likewise for the test split.
+    rows with ``train_mask == False`` are padding.  Likewise for the test split.
     """
 
     client_ids: NDArray[np.int64]
@@ -336,18 +358,36 @@ class HousingClients:
     test_inputs: NDArray[np.float64]
     test_targets: NDArray[np.float64]
     test_mask: NDArray[np.bool_]
-    local_steps: int
-    learning_rate: float
 
     @property
     def num_examples(self) -> NDArray[np.int64]:
         """``n_i``: the true number of training rows of each client."""
         return self.train_mask.sum(axis=1).astype(np.int64)
 
-    @property
-    def num_test_examples(self) -> NDArray[np.int64]:
-        """Held-out rows of each client."""
-        return self.test_mask.sum(axis=1).astype(np.int64)
+
+@dataclass(frozen=True)
+class HousingClients:
+    """Training and held-out data of a batch of housing clients, as loss moments.
+
+    The squared loss needs only each client's moments over its own rows,
+    ``Σ̂ = XᵀX/n_i``, ``b = Xᵀy/n_i`` and ``c = yᵀy/n_i`` (computed from the
+    padded rows with the sample mask, so padding never enters):
+    ``L_i(w) = wᵀΣ̂w − 2bᵀw + c`` and ``∇L_i(w) = 2(Σ̂w − b)``.  Clients of
+    unequal size are thus vectorised without padding, batches of different
+    seeds concatenate along the client axis (the batched simulator), and a loss
+    or update costs ``O(9²)`` per client and model.  The rows themselves are
+    :meth:`HousingTask.samples`.
+    """
+
+    client_ids: NDArray[np.int64]
+    groups: NDArray[np.int64]
+    num_examples: NDArray[np.int64]
+    """``n_i``: the true number of training rows of each client."""
+    num_test_examples: NDArray[np.int64]
+    train_moments: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+    test_moments: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
+    local_steps: int
+    learning_rate: float
 
     def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
         """``n_i⁻¹ Σ_j (x_ijᵀw_k − y_ij)²`` for every client and model, shape (n, K).
@@ -356,37 +396,30 @@ class HousingClients:
         """
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if split == "train":
-            inputs, targets, mask = self.train_inputs, self.train_targets, self.train_mask
-        else:
-            inputs, targets, mask = self.test_inputs, self.test_targets, self.test_mask
+        second, cross, target = self.train_moments if split == "train" else self.test_moments
         models = np.asarray(cluster_models, dtype=np.float64)
-        if models.ndim == 2:
-            predictions = np.einsum("nsd,kd->nks", inputs, models)
-        elif models.ndim == 3 and models.shape[0] == len(self.client_ids):
-            predictions = np.einsum("nsd,nkd->nks", inputs, models)
-        else:
+        if not (models.ndim == 2 or (models.ndim == 3 and models.shape[0] == len(self.client_ids))) \
+                or models.shape[-1] != DIMENSION:
             raise ValueError(f"cluster_models must be (K, {DIMENSION}) or ({len(self.client_ids)}, K, "
                              f"{DIMENSION}), got shape {models.shape}")
-        weights = mask / mask.sum(axis=1, keepdims=True)
-        return np.einsum("nks,ns->nk", (predictions - targets[:, None, :]) ** 2, weights)
+        if models.ndim == 2:
+            models = models[None]
+        quadratic = np.sum(models * np.matmul(models, second), axis=-1)
+        losses = quadratic - 2.0 * np.sum(models * cross[:, None, :], axis=-1) + target[:, None]
+        return np.maximum(losses, 0.0)  # the expansion can round a perfect fit to -1e-16
 
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
     ) -> NDArray[np.floating]:
-        """``E`` full-batch gradient steps of model ``j`` on client ``client_index[j]``'s own rows.
-
-        Gradient of ``L_i``: ``(2 / n_i) Σ_j x_ij (x_ijᵀw − y_ij)`` over the
-        client's real (unmasked) rows.  Deterministic (``round_index`` unused).
-        """
+        """``E`` full-batch gradient steps ``w ← w − η·2(Σ̂w − b)`` of model ``j`` on client
+        ``client_index[j]``'s own rows (deterministic; ``round_index`` unused)."""
         client_index = np.asarray(client_index, dtype=np.int64)
-        inputs = self.train_inputs[client_index]
-        targets = self.train_targets[client_index]
-        weights = self.train_mask[client_index] / self.num_examples[client_index][:, None]
+        second, cross, _ = self.train_moments
+        second, cross = second[client_index], cross[client_index]
         parameters = np.array(models, dtype=np.float64, copy=True)
         for _ in range(self.local_steps):
-            residuals = (np.einsum("jsd,jd->js", inputs, parameters) - targets) * weights
-            parameters -= self.learning_rate * 2.0 * np.einsum("jsd,js->jd", inputs, residuals)
+            gradient = 2.0 * (np.matmul(second, parameters[:, :, None])[:, :, 0] - cross)
+            parameters -= self.learning_rate * gradient
         return parameters
 
 
@@ -528,23 +561,40 @@ class HousingTask:
             raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
         return client_ids
 
-    def clients(self, client_ids: NDArray[np.int64]) -> HousingClients:
-        """Rows of the given clients, padded to the largest of them (a client's rows do not
-        depend on which other clients are in the batch)."""
-        client_ids = self._checked(client_ids)
-        if client_ids.size == 0:
-            raise ValueError("clients() needs at least one client id")
+    def samples(self, client_ids: NDArray[np.int64]) -> HousingSamples:
+        """The given clients' rows (standardised ``x ∈ R^9`` and ``MedHouseVal``), padded to the
+        largest of them with a sample mask."""
+        client_ids = self._nonempty(client_ids)
         data = self._data
-        train_inputs, train_mask = _pad([data.train_inputs[i] for i in client_ids], (DIMENSION,))
-        train_targets, _ = _pad([data.train_targets[i] for i in client_ids], ())
-        test_inputs, test_mask = _pad([data.test_inputs[i] for i in client_ids], (DIMENSION,))
-        test_targets, _ = _pad([data.test_targets[i] for i in client_ids], ())
-        return HousingClients(
+        train_inputs, train_targets, train_mask = _pad(tuple(data.train_inputs[i] for i in client_ids),
+                                                       tuple(data.train_targets[i] for i in client_ids))
+        test_inputs, test_targets, test_mask = _pad(tuple(data.test_inputs[i] for i in client_ids),
+                                                    tuple(data.test_targets[i] for i in client_ids))
+        return HousingSamples(
             client_ids=client_ids, groups=data.client_groups[client_ids].copy(),
             train_inputs=train_inputs, train_targets=train_targets, train_mask=train_mask,
             test_inputs=test_inputs, test_targets=test_targets, test_mask=test_mask,
+        )
+
+    def clients(self, client_ids: NDArray[np.int64]) -> HousingClients:
+        """The given clients' data as loss moments (see :class:`HousingClients`); a client's
+        data do not depend on which other clients are in the batch."""
+        client_ids = self._nonempty(client_ids)
+        data = self._data
+        return HousingClients(
+            client_ids=client_ids, groups=data.client_groups[client_ids].copy(),
+            num_examples=np.array([len(data.train_targets[i]) for i in client_ids], dtype=np.int64),
+            num_test_examples=np.array([len(data.test_targets[i]) for i in client_ids], dtype=np.int64),
+            train_moments=tuple(moment[client_ids] for moment in data.train_moments),
+            test_moments=tuple(moment[client_ids] for moment in data.test_moments),
             local_steps=self.local_steps, learning_rate=self.learning_rate,
         )
+
+    def _nonempty(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        client_ids = self._checked(client_ids)
+        if client_ids.size == 0:
+            raise ValueError("need at least one client id")
+        return client_ids
 
     def initial_models(self, num_clusters: int) -> NDArray[np.float64]:
         """``W^0``: ``ū(R) + init_jitter · Δ_β · z_k``, ``z_k ~ N(0, I_9)``, shape (K, 9)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from fedroute.tasks.base import Task
+from fedroute.tasks.gmm import GMMTask
 from fedroute.tasks.housing import HousingTask
 from fedroute.tasks.linear import LinearTask
 
@@ -43,9 +44,22 @@ _HOUSING_KEYS: _KeyTable = {
     "data-file": ("data_file", str),  # "" = not given ($FEDROUTE_HOUSING_FILE, else download)
 }
 
+_GMM_KEYS: _KeyTable = {
+    "num-clients": ("num_clients", int),
+    "samples-per-client": ("samples_per_client", int),
+    "test-samples-per-client": ("test_samples_per_client", int),
+    "noise-std": ("noise_std", float),
+    "local-steps": ("local_steps", int),
+    "learning-rate": ("learning_rate", float),
+    "init-radius": ("init_radius", float),
+    "init-jitter": ("init_jitter", float),
+    "seed": ("seed", int),
+}
+
 TASK_KEYS: dict[str, tuple[Callable[..., Task], _KeyTable]] = {
     "linear": (LinearTask, _LINEAR_KEYS),
     "housing": (HousingTask, _HOUSING_KEYS),
+    "gmm": (GMMTask, _GMM_KEYS),
 }
 """Task name → (task class, run-config key table)."""
 

@@ -80,10 +80,11 @@ def task(generated: dict) -> HousingTask:
                        learning_rate=0.01, data_file=str(generated["csv_gz"]))
 
 
-def _real_rows(clients, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+def _real_rows(samples, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """The masked-in rows of a (padded) HousingSamples batch, all clients stacked."""
     inputs, targets, mask = (
-        (clients.train_inputs, clients.train_targets, clients.train_mask) if split == "train"
-        else (clients.test_inputs, clients.test_targets, clients.test_mask)
+        (samples.train_inputs, samples.train_targets, samples.train_mask) if split == "train"
+        else (samples.test_inputs, samples.test_targets, samples.test_mask)
     )
     return inputs[mask], targets[mask]
 
@@ -141,14 +142,15 @@ def test_environment_variable_is_the_default_file(generated: dict, monkeypatch: 
 
 def test_processed_table_is_cached_per_file(generated: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     first = HousingTask(num_clients=7, seed=SEED, data_file=str(generated["parquet"]))
-    expected = first.clients(np.array([3])).train_inputs
+    expected = first.samples(np.array([3])).train_inputs
 
     def no_reading(*args, **kwargs):
         raise AssertionError("the table was read again")
 
     monkeypatch.setattr(housing, "_read_table", no_reading)
     again = HousingTask(num_clients=7, seed=SEED, data_file=str(generated["parquet"]))
-    np.testing.assert_array_equal(again.clients(np.array([3])).train_inputs, expected)
+    np.testing.assert_array_equal(again.samples(np.array([3])).train_inputs, expected)
+    assert again.clients(np.array([3])).num_examples[0] == len(expected[0])
 
 
 # -- processing (paper B.5) ----------------------------------------------------------------------
@@ -172,8 +174,8 @@ def test_split_is_seeded(generated: dict) -> None:
 
 
 def test_features_are_standardised_with_training_statistics(task: HousingTask, generated: dict) -> None:
-    clients = task.clients(np.arange(task.num_clients))
-    inputs, targets = _real_rows(clients)
+    samples = task.samples(np.arange(task.num_clients))
+    inputs, _ = _real_rows(samples)
     assert inputs.shape == (NUM_ROWS - round(TEST_FRACTION * NUM_ROWS), 9)
     np.testing.assert_allclose(inputs[:, :8].mean(axis=0), 0.0, atol=1e-12)
     np.testing.assert_allclose(inputs[:, :8].std(axis=0), 1.0, rtol=1e-12)
@@ -182,7 +184,7 @@ def test_features_are_standardised_with_training_statistics(task: HousingTask, g
     train, test = split_rows(NUM_ROWS, TEST_FRACTION, SEED)
     raw = generated["frame"][list(FEATURES)].to_numpy()
     mean, std = raw[train].mean(axis=0), raw[train].std(axis=0)
-    test_inputs, _ = _real_rows(clients, "test")
+    test_inputs, _ = _real_rows(samples, "test")
     expected = np.sort(((raw[test] - mean) / std)[:, 0])
     np.testing.assert_allclose(np.sort(test_inputs[:, 0]), expected, rtol=1e-10)
 
@@ -220,8 +222,10 @@ def test_clients_are_pure_and_hold_every_row(task: HousingTask) -> None:
     # group sizes in proportion: 80 of 320 training rows in group 1 → 2 of 7 clients
     np.testing.assert_array_equal(np.bincount(clients.groups), [5, 2])
     # the targets of a client are its rows' MedHouseVal
+    samples = task.samples(ids)
+    np.testing.assert_array_equal(samples.num_examples, clients.num_examples)
     rows = table[(table["split"] == "train") & (table["client"] == 6)]
-    np.testing.assert_allclose(np.sort(clients.train_targets[6][clients.train_mask[6]]), np.sort(rows[TARGET]))
+    np.testing.assert_allclose(np.sort(samples.train_targets[6][samples.train_mask[6]]), np.sort(rows[TARGET]))
 
 
 def test_losses_for_shared_and_per_client_models_agree(task: HousingTask) -> None:
@@ -239,28 +243,32 @@ def test_losses_for_shared_and_per_client_models_agree(task: HousingTask) -> Non
 
 
 def test_padding_does_not_change_losses_or_updates(task: HousingTask) -> None:
-    everyone = task.clients(np.arange(task.num_clients))
+    everyone = task.samples(np.arange(task.num_clients))
     sizes = everyone.num_examples
     small = int(np.argmin(sizes))
     assert sizes[small] < sizes.max() and not everyone.train_mask[small].all()  # client `small` is padded
-    alone = task.clients(np.array([small]))
+    alone = task.samples(np.array([small]))
     assert alone.train_mask.all() and alone.train_inputs.shape[1] == sizes[small]
+    padded_rows = everyone.train_inputs[small][everyone.train_mask[small]]
+    np.testing.assert_array_equal(padded_rows, alone.train_inputs[0])
+    np.testing.assert_array_equal(everyone.train_inputs[small][~everyone.train_mask[small]], 0.0)
 
+    # The losses and updates (built from the padded batch of all clients) against a direct,
+    # unpadded computation of L_i and E gradient steps on L_i for the padded client.
+    clients = task.clients(np.arange(task.num_clients))
+    np.testing.assert_array_equal(clients.num_examples, sizes)
     models = task.initial_models(2)
-    np.testing.assert_allclose(everyone.losses(models)[small], alone.losses(models)[0], rtol=1e-12)
-    np.testing.assert_allclose(everyone.losses(models, "test")[small], alone.losses(models, "test")[0], rtol=1e-12)
-    padded_update = everyone.local_update(models, np.array([small, small]), 0)
-    np.testing.assert_allclose(padded_update, alone.local_update(models, np.array([0, 0]), 0), rtol=1e-12)
-
-    # Against a direct, unpadded computation of L_i and E gradient steps on L_i.
+    for split in ("train", "test"):
+        inputs, targets = _real_rows(alone, split)
+        direct = np.mean((inputs @ models.T - targets[:, None]) ** 2, axis=0)
+        np.testing.assert_allclose(clients.losses(models, split)[small], direct, rtol=1e-10)
+        np.testing.assert_allclose(task.clients(np.array([small])).losses(models, split)[0], direct, rtol=1e-10)
     inputs, targets = _real_rows(alone)
-    direct_losses = np.mean((inputs @ models.T - targets[:, None]) ** 2, axis=0)
-    np.testing.assert_allclose(everyone.losses(models)[small], direct_losses, rtol=1e-12)
     weights = models.copy()
     for _ in range(task.local_steps):
         residuals = weights @ inputs.T - targets
         weights = weights - task.learning_rate * 2.0 * residuals @ inputs / len(targets)
-    np.testing.assert_allclose(padded_update, weights, rtol=1e-12)
+    np.testing.assert_allclose(clients.local_update(models, np.array([small, small]), 0), weights, rtol=1e-10)
 
 
 def test_one_step_of_the_group_is_pooled_gradient_descent(task: HousingTask) -> None:
@@ -270,8 +278,7 @@ def test_one_step_of_the_group_is_pooled_gradient_descent(task: HousingTask) -> 
     start = single.initial_centre()
     updates = clients.local_update(np.repeat(start[None], len(members), axis=0), members, 0)
     aggregated = np.average(updates, axis=0, weights=clients.num_examples[members])
-    inputs = np.concatenate([clients.train_inputs[i][clients.train_mask[i]] for i in members])
-    targets = np.concatenate([clients.train_targets[i][clients.train_mask[i]] for i in members])
+    inputs, targets = _real_rows(single.samples(members))
     expected = start - 0.01 * 2.0 * inputs.T @ (inputs @ start - targets) / len(targets)
     np.testing.assert_allclose(aggregated, expected, rtol=1e-12)
 
@@ -297,6 +304,23 @@ def test_initial_centre_is_u_bar(generated: dict) -> None:
     assert 0.2 * 0.05 * delta < np.sqrt(np.mean(offsets ** 2)) < 5 * 0.05 * delta
     other = HousingTask(num_clients=7, seed=SEED + 1, data_file=str(generated["csv_gz"]))
     assert not np.allclose(other.directions, directions)
+
+
+def test_runs_of_different_seeds_batch_in_the_simulator(generated: dict) -> None:
+    from fedroute.simulation.simulator import concatenate_clients, simulate, simulate_batch
+    from fedroute.strategies.methods import method_settings
+
+    tasks = [HousingTask(num_clients=7, seed=seed, learning_rate=0.01, data_file=str(generated["csv_gz"]))
+             for seed in (SEED, SEED + 1)]
+    parts = [task.clients(np.arange(7)) for task in tasks]
+    merged = concatenate_clients(parts)
+    models = tasks[0].initial_models(2)
+    np.testing.assert_allclose(merged.losses(models), np.concatenate([part.losses(models) for part in parts]))
+    settings = method_settings("exp3", "housing")
+    batch = simulate_batch(tasks, settings, 6, [0, 1])
+    for run, task in enumerate(tasks):
+        alone = simulate(task, settings, 6, run)
+        np.testing.assert_allclose(batch.cluster_models[:, run], alone.cluster_models, rtol=1e-12)
 
 
 # -- registry and validation ---------------------------------------------------------------------

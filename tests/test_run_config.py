@@ -74,3 +74,14 @@ def test_run_config_text_for_flwr() -> None:
     with pytest.raises(ValueError, match="results-dir"):
         format_run_config({"results-dir": "a\nb"})
     assert [parse_config_value(v) for v in ("12", "0.5", "true", "exp3")] == [12, 0.5, True, "exp3"]
+
+
+def test_every_task_is_built_from_run_config_keys(tmp_path: Path) -> None:
+    from fedroute.tasks.registry import task_from_config
+
+    gmm = task_from_config({"task": "gmm", "num-clients": 9, "init-radius": 4.0, "seed": 2})
+    assert (gmm.name, gmm.num_clients, gmm.init_radius, gmm.seed) == ("gmm", 9, 4.0, 2)
+    linear = task_from_config({"task": "linear", "init-radius": 4.0, "dimension": 3})
+    assert linear.dimension == 3  # keys of other tasks are ignored
+    with pytest.raises(ValueError, match="'num-clients'"):
+        task_from_config({"task": "gmm", "num-clients": 2.5})
