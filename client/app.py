@@ -22,7 +22,7 @@ from fedroute import protocol
 from fedroute.client.fedcam import fedcam_client_round
 from fedroute.client.round import client_round, provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
-from fedroute.client.state_store import load_agent_state, save_agent_state
+from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.strategies.records import array_record
 from fedroute.tasks.base import ClientBatch
 from fedroute.tasks.registry import task_from_config
@@ -80,11 +80,11 @@ def train(message: Message, context: Context) -> Message:
         return _train_fedcam(message, config, models, template, clients)
     run_key = str(config[protocol.RUN_KEY])
     masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
-    result = client_round(
-        clients, load_agent_state(context, run_key, settings), settings, models, masses,
-        int(config[protocol.ROUND_INDEX]), int(config[protocol.SEED]),
-    )
-    save_agent_state(context, run_key, result.state)
+    round_index, client_id = int(config[protocol.ROUND_INDEX]), int(clients.client_ids[0])
+    directory = state_directory(context)
+    state = load_agent_state(context, run_key, settings, round_index, client_id, directory)
+    result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]))
+    save_agent_state(context, run_key, result.state, round_index, client_id, directory)
     decision = result.decision
     trained = protocol.unflatten_arrays(result.trained_models[0], template)
     return _reply(message, {

@@ -44,7 +44,8 @@ def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[Clustere
         min_available_nodes=num_clients,
         round_timeout=settings.round_timeout,
         seed=settings.seed,
-        run_key=method,
+        run_key=f"{method}-{settings.run_digest}",
+        checkpoint_dir=None if settings.checkpoint_dir is None else settings.checkpoint_dir / method,
     )
     initial = settings.task.initial_models(routing.num_clusters)
     started = time.monotonic()
@@ -62,7 +63,9 @@ def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[Clustere
         route_counts,
         getattr(settings.task, "group_parameters", None),
     )
-    summary.update(rounds=settings.num_rounds, wall_seconds=wall, seconds_per_round=wall / settings.num_rounds,
+    rounds_run = settings.num_rounds - strategy.resumed_from_round
+    summary.update(rounds=settings.num_rounds, resumed_from_round=strategy.resumed_from_round, wall_seconds=wall,
+                   seconds_per_round=wall / max(rounds_run, 1),
                    rejected_replies=len(strategy.rejected), evaluated_clients=len(evaluation))
     return strategy, summary
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from fedroute.client.settings import RoutingSettings
 from fedroute.strategies.methods import METHODS, method_settings
@@ -13,6 +15,9 @@ from fedroute.tasks.base import Task
 from fedroute.tasks.registry import task_from_config
 
 __all__ = ["RunSettings", "parse_run_config"]
+
+# Keys that name outputs or the run's length, not its dynamics.
+_NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout"}
 
 # run-config key → RoutingSettings field, for keys whose value may be "auto"/0 (= method default).
 _ROUTING_KEYS = {
@@ -44,6 +49,10 @@ class RunSettings:
     min_train_nodes: int
     round_timeout: float
     results_dir: Path
+    checkpoint_dir: Optional[Path]
+    run_digest: str
+    """Digest of everything that defines the run's dynamics (not its length or
+    output paths): client-state keys and checkpoints of a resumed run match it."""
 
 
 def _integer(config: Mapping[str, Any], key: str, low: int) -> int:
@@ -108,9 +117,10 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
             for key, field in _ROUTING_KEYS.items():
                 message = message.replace(f"'{field}'", f"'{key}'")
             raise ValueError(f"run config, method {name!r}: {message}") from None
-    results_dir = Path(os.path.expanduser(str(config.get("results-dir", "results"))))
-    if not results_dir.is_absolute():
-        results_dir = Path(os.environ.get("FEDROUTE_RESULTS_ROOT", os.getcwd())) / results_dir
+    results_dir = _absolute(str(config.get("results-dir", "results")))
+    checkpoint_text = str(config.get("checkpoint-dir", ""))
+    dynamics = {key: value for key, value in sorted(config.items()) if key not in _NOT_DYNAMICS}
+    digest = hashlib.sha256(json.dumps(dynamics, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return RunSettings(
         methods=methods,
         routing=routing,
@@ -121,4 +131,12 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         min_train_nodes=_integer(config, "min-train-nodes", 1) if "min-train-nodes" in config else 2,
         round_timeout=_number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0,
         results_dir=results_dir,
+        checkpoint_dir=_absolute(checkpoint_text) if checkpoint_text else None,
+        run_digest=digest,
     )
+
+
+def _absolute(text: str) -> Path:
+    """An absolute path; relative paths are taken from $FEDROUTE_RESULTS_ROOT or the working directory."""
+    path = Path(os.path.expanduser(text))
+    return path if path.is_absolute() else Path(os.environ.get("FEDROUTE_RESULTS_ROOT", os.getcwd())) / path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Mapping, Optional
 
@@ -26,6 +27,7 @@ from fedroute import protocol
 from fedroute.client.randomness import Purpose, generator
 from fedroute.client.settings import RoutingSettings
 from fedroute.strategies.aggregation import hard_update, routing_masses
+from fedroute.strategies.checkpoint import load_checkpoint, save_checkpoint
 from fedroute.strategies.records import array_record, arrays_of, pack_cluster_models, unpack_cluster_models
 from fedroute.strategies.validation import (
     EvaluateReply,
@@ -68,6 +70,10 @@ class ClusteredRouting(Strategy):
         Extra ConfigRecord entries sent with every message (e.g. task settings).
     node_wait_timeout : float, default 120.0
         Seconds to wait for ``min_available_nodes`` before failing.
+    checkpoint_dir : path, optional
+        Write an atomic checkpoint (models, masses, history, round) here after
+        every round, and resume from it when :meth:`start` finds one made with
+        the same settings.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class ClusteredRouting(Strategy):
         evaluate_at_end: bool = True,
         client_config: Optional[Mapping[str, Any]] = None,
         node_wait_timeout: float = 120.0,
+        checkpoint_dir: Optional[str | Path] = None,
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train = {fraction_train} is invalid; allowed: (0, 1]")
@@ -103,6 +110,8 @@ class ClusteredRouting(Strategy):
         self.evaluate_at_end = evaluate_at_end
         self.client_config = dict(client_config or {})
         self.node_wait_timeout = node_wait_timeout
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.resumed_from_round = 0
         self.num_clusters = routing.num_clusters
         self.cluster_models: list[dict[str, NDArray]] = []
         self.routing_masses: Optional[NDArray[np.float64]] = None
@@ -248,10 +257,89 @@ class ClusteredRouting(Strategy):
             packed = pack_cluster_models(self.cluster_models)
         self.round_timeout = timeout or self.round_timeout
         self._num_rounds = num_rounds
-        if self.routing.synchronized_entry:
-            self._provisional_greedy(grid)
-        self.routing_masses = self.provisional_masses
-        return super().start(grid, packed, num_rounds, self.round_timeout, train_config, evaluate_config, evaluate_fn)
+        self.summary()
+        first_round = self._restore() + 1
+        if first_round == 1:
+            if self.routing.synchronized_entry:
+                self._provisional_greedy(grid)
+            self.routing_masses = self.provisional_masses
+        result = Result()
+        train_config = train_config or ConfigRecord()
+        for server_round in range(first_round, num_rounds + 1):
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, pack_cluster_models(self.cluster_models), train_config, grid),
+                timeout=self.round_timeout,
+            )
+            arrays, metrics = self.aggregate_train(server_round, replies)
+            if metrics is not None:
+                result.train_metrics_clientapp[server_round] = metrics
+            self._save(server_round)
+            if evaluate_fn is not None and arrays is not None:
+                evaluated = evaluate_fn(server_round, arrays)
+                if evaluated is not None:
+                    result.evaluate_metrics_serverapp[server_round] = evaluated
+        packed = pack_cluster_models(self.cluster_models)
+        evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
+        if evaluation:
+            metrics = self.aggregate_evaluate(num_rounds, grid.send_and_receive(evaluation, timeout=self.round_timeout))
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[num_rounds] = metrics
+        result.arrays = packed
+        return result
+
+    # ------------------------------------------------------------ checkpoints
+    def _identity(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed."""
+        return {"class": type(self).__name__, "routing": self.routing.to_dict(), "seed": self.seed,
+                "run_key": self.run_key, "template": {name: [list(value.shape), str(value.dtype)]
+                                                       for name, value in self.cluster_models[0].items()}}
+
+    def _checkpoint_arrays(self) -> dict[str, NDArray]:
+        """Arrays to checkpoint (subclasses add theirs)."""
+        return {f"{protocol.cluster_key(k)}/{name}": value
+                for k, model in enumerate(self.cluster_models) for name, value in model.items()}
+
+    def _restore_arrays(self, arrays: Mapping[str, NDArray]) -> None:
+        """Inverse of :meth:`_checkpoint_arrays`."""
+        self.cluster_models = [
+            {name: arrays[f"{protocol.cluster_key(k)}/{name}"] for name in self.cluster_models[k]}
+            for k in range(self.num_clusters)
+        ]
+
+    def _save(self, server_round: int) -> None:
+        if self.checkpoint_dir is None:
+            return
+        meta = {
+            "identity": self._identity(),
+            "server_round": server_round,
+            "routing_masses": None if self.routing_masses is None else self.routing_masses.tolist(),
+            "provisional_masses": None if self.provisional_masses is None else self.provisional_masses.tolist(),
+            "history": self.history,
+            "client_routes": {str(t): {str(c): r for c, r in routes.items()} for t, routes in self.client_routes.items()},
+            "rejected": self.rejected,
+        }
+        save_checkpoint(self.checkpoint_dir, self._checkpoint_arrays(), meta)
+
+    def _restore(self) -> int:
+        """Load the checkpoint if there is one; return the last completed round (0 if none)."""
+        if self.checkpoint_dir is None or (stored := load_checkpoint(self.checkpoint_dir)) is None:
+            return 0
+        arrays, meta = stored
+        if meta["identity"] != self._identity():
+            raise ValueError(f"the checkpoint in {self.checkpoint_dir} was made with other settings "
+                             f"({meta['identity']}); delete it or choose another checkpoint directory")
+        self._restore_arrays(arrays)
+        masses = meta["routing_masses"]
+        self.routing_masses = None if masses is None else np.asarray(masses)
+        provisional = meta["provisional_masses"]
+        self.provisional_masses = None if provisional is None else np.asarray(provisional)
+        self.history = list(meta["history"])
+        self.client_routes = {int(t): {int(c): int(r) for c, r in routes.items()}
+                              for t, routes in meta["client_routes"].items()}
+        self.rejected = list(meta["rejected"])
+        self.resumed_from_round = int(meta["server_round"])
+        logger.warning("resuming from the checkpoint of round %d in %s", self.resumed_from_round, self.checkpoint_dir)
+        return self.resumed_from_round
 
     def _provisional_greedy(self, grid: Grid) -> None:
         """Synchronized entry, steps 1–2: Greedy reports at ``W^0`` → provisional masses."""

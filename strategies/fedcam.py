@@ -78,6 +78,15 @@ class FedCAM(ClusteredRouting):
         averaged = hard_update(current, parts, np.zeros(len(valid), dtype=np.int64), weights)[0]
         self.global_model = protocol.unflatten_arrays(averaged, template)
 
+    def _checkpoint_arrays(self) -> dict[str, NDArray]:
+        arrays = super()._checkpoint_arrays()
+        arrays.update({f"{protocol.GLOBAL_MODEL}/{name}": value for name, value in self._global().items()})
+        return arrays
+
+    def _restore_arrays(self, arrays: Mapping[str, NDArray]) -> None:
+        super()._restore_arrays(arrays)
+        self.global_model = {name: arrays[f"{protocol.GLOBAL_MODEL}/{name}"] for name in self.cluster_models[0]}
+
     def combined_models(self) -> list[dict[str, NDArray]]:
         """The combined predictors ``Θ_glob + Θ_k`` (what evaluation uses)."""
         return self._broadcast_models(MessageType.EVALUATE)
