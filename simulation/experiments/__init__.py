@@ -1,3 +1,4 @@
 """Paper experiments; importing this package registers their ``fedroute reproduce`` commands."""
 
 from fedroute.simulation.experiments import fig1  # noqa: F401  (E1, registers ``reproduce fig1``)
+from fedroute.simulation.experiments import linear  # noqa: F401  (E2/E3, registers ``reproduce linear``)
