@@ -77,7 +77,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -101,6 +101,7 @@ from fedroute.simulation.metrics import (
 )
 from fedroute.simulation.plotting import log2_axis, pyplot, save_figure
 from fedroute.simulation.simulator import BatchHistory, concatenate_clients
+from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.sweep import SweepSpec, run_sweep
 from fedroute.strategies.methods import method_settings
 from fedroute.tasks.linear import LinearTask
@@ -209,7 +210,7 @@ class LinearExperimentConfig:
     exp3_learning_rate: float = 2.0
     exp3_exploration: float = 0.001
     recovery_threshold: float = 0.5
-    methods: tuple[str, ...] = ("greedy", "exp3")
+    methods: tuple[str, ...] = ("greedy", "exp3", "fedcam")
     smoothing_blocks: int = 5
     final_window: int = 20
     chunk_size: int = 100
@@ -415,10 +416,15 @@ def routing_spec(method: str, config: LinearExperimentConfig) -> SweepSpec:
     )
 
 
+def fedcam_spec(config: LinearExperimentConfig) -> SweepSpec:
+    """FedCAM (global + cluster parts, Greedy on the combined predictor) as a sweep spec."""
+    return replace(routing_spec("fedcam", config), simulate=simulate_fedcam_batch)
+
+
 METHOD_SPECS: dict[str, Callable[[LinearExperimentConfig], SweepSpec]] = {
     "greedy": partial(routing_spec, "greedy"),
     "exp3": partial(routing_spec, "exp3"),
-    # "fedcam": a factory returning SweepSpec(method="fedcam", ..., simulate=<FedCAM batch simulator>)
+    "fedcam": fedcam_spec,
 }
 """Method → factory of its :class:`SweepSpec`.  The ``reduce`` of a new entry must
 return the columns of :func:`reduce_linear`."""
@@ -448,6 +454,8 @@ def _cell_blocks(table: pd.DataFrame, controllers: dict[str, tuple[str, ...]]) -
         probabilities = np.stack(rows["block_probabilities"].to_list())   # (runs, blocks, A)
         fractions = np.stack(rows["block_fractions"].to_list())
         num_runs, num_blocks, num_arms = probabilities.shape
+        if num_arms == 0:  # FedCAM: no controller selection
+            continue
         if num_arms != len(names):
             raise ValueError(f"{method}: {num_arms} arms recorded but controllers {tuple(names)}")
         repeat = num_blocks * num_arms
