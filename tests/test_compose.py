@@ -1,0 +1,431 @@
+"""Docker deployment files: compose structure, the N-SuperNode generator, the TLS
+override, the SuperExec Dockerfile and the certificate script (run for real).
+
+No Docker engine is needed: the compose files are parsed (and, where a
+``docker compose``/``docker-compose`` binary exists, validated with ``config``);
+the certificates are checked with ``openssl verify`` and a TLS handshake.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+GENERATOR = REPOSITORY / "scripts" / "compose-scale.py"
+CERTIFICATE_SCRIPT = REPOSITORY / "scripts" / "make-certificates.sh"
+DOCKERFILE = REPOSITORY / "docker" / "Dockerfile.superexec"
+DEFAULT_SUPERNODES = 4
+SUPERLINK_ADDRESS = "superlink:8000"
+CERTIFICATES = "/app/certificates"
+_DEFAULT = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+@functools.cache
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("compose_scale", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_generator(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(GENERATOR), *arguments], capture_output=True, text=True, timeout=30)
+
+
+def _resolve(text: str) -> str:
+    """Compose's ``${VAR:-default}`` with every variable unset."""
+    return _DEFAULT.sub(lambda match: match.group(2), text)
+
+
+def _option(command: list[str], flag: str) -> str:
+    assert command.count(flag) == 1, (flag, command)
+    return str(command[command.index(flag) + 1])
+
+
+def _load(text: str) -> dict[str, Any]:
+    document = yaml.safe_load(text)
+    assert isinstance(document, dict)
+    return document
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str]:
+    """Container path → host source of a service's bind mounts and volumes."""
+    mounts = {}
+    for entry in service.get("volumes", []):
+        source, target, *_ = entry.split(":")
+        mounts[target] = source
+    return mounts
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict[str, Any]:
+    return _load((REPOSITORY / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def committed_tls() -> dict[str, Any]:
+    return _load((REPOSITORY / "docker-compose.tls.yml").read_text())
+
+
+# --------------------------------------------------------------------------- base file
+
+
+def check_base_structure(document: dict[str, Any], count: int) -> None:
+    """Everything the base compose file for ``count`` SuperNodes must hold."""
+    services = document["services"]
+    supernodes = [f"supernode-{i}" for i in range(count)]
+    clientapps = [f"superexec-clientapp-{i}" for i in range(count)]
+    assert set(services) == {"superlink", "superexec-serverapp", *supernodes, *clientapps}
+
+    superlink = services["superlink"]
+    assert _resolve(superlink["image"]).startswith("flwr/superlink:1.42.")
+    command = superlink["command"]
+    assert "--insecure" in command and _option(command, "--isolation") == "process"
+    assert _option(command, "--host") == "0.0.0.0" and _option(command, "--port") == "8000"
+    assert "--disable-runtime-dependency-installation" in command
+    assert superlink["environment"]["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    published = [_resolve(str(port)) for port in superlink["ports"]]
+    assert published == ["127.0.0.1:8000:8000"]
+    assert "8000" in " ".join(superlink["healthcheck"]["test"])
+
+    serverapp = services["superexec-serverapp"]
+    assert serverapp["command"] == ["--insecure", "--runtime-api-address", SUPERLINK_ADDRESS]
+    assert serverapp["depends_on"] == {"superlink": {"condition": "service_healthy"}}
+    assert _mounts(serverapp) == {"/app/results": "results"} and "results" in document["volumes"]
+    assert serverapp["environment"]["FEDROUTE_RESULTS_ROOT"] == "/app"
+    assert serverapp["environment"]["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+
+    builds = [services[name]["build"] for name in ["superexec-serverapp", *clientapps]]
+    assert all(build == builds[0] for build in builds)
+    assert (REPOSITORY / builds[0]["context"] / builds[0]["dockerfile"]).resolve() == DOCKERFILE
+    assert _resolve(builds[0]["args"]["FLWR_VERSION"]).startswith("1.42.")
+    images = {_resolve(services[name]["image"]) for name in ["superexec-serverapp", *clientapps]}
+    assert len(images) == 1 and images.pop().endswith(":1.42.0")
+
+    ports = []
+    for index, (supernode_name, clientapp_name) in enumerate(zip(supernodes, clientapps)):
+        supernode, clientapp = services[supernode_name], services[clientapp_name]
+        assert _resolve(supernode["image"]).startswith("flwr/supernode:1.42.")
+        command = supernode["command"]
+        assert "--insecure" in command and _option(command, "--superlink") == SUPERLINK_ADDRESS
+        assert _option(command, "--isolation") == "process" and _option(command, "--host") == "0.0.0.0"
+        assert _option(command, "--node-config") == f"partition-id={index} num-partitions={count}"
+        port = int(_option(command, "--port"))
+        ports.append(port)
+        assert str(port) in " ".join(supernode["healthcheck"]["test"])
+        assert supernode["depends_on"] == {"superlink": {"condition": "service_healthy"}}
+        assert "ports" not in supernode  # only the SuperLink is published
+        # The ClientApp executor pairs with its own SuperNode's Runtime API.
+        assert clientapp["command"] == ["--insecure", "--runtime-api-address", f"{supernode_name}:{port}"]
+        assert clientapp["depends_on"] == {supernode_name: {"condition": "service_healthy"}}
+    assert len(set(ports)) == count and 8000 not in ports
+
+
+def test_committed_compose_has_four_supernodes(committed: dict[str, Any]) -> None:
+    check_base_structure(committed, DEFAULT_SUPERNODES)
+
+
+def test_committed_files_are_the_generator_output_for_four() -> None:
+    generator = _generator()
+    assert (REPOSITORY / "docker-compose.yml").read_text() == generator.base_compose(DEFAULT_SUPERNODES)
+    assert (REPOSITORY / "docker-compose.tls.yml").read_text() == generator.tls_override(DEFAULT_SUPERNODES)
+
+
+@pytest.mark.parametrize("count", [3, 7])
+def test_generator_writes_n_supernodes(count: int, tmp_path: Path) -> None:
+    completed = _run_generator(str(count))
+    assert completed.returncode == 0, completed.stderr
+    target = tmp_path / "docker-compose.generated.yml"
+    target.write_text(completed.stdout)
+    document = _load(target.read_text())
+    check_base_structure(document, count)
+    node_configs = sorted(_option(service["command"], "--node-config")
+                          for name, service in document["services"].items() if name.startswith("supernode-"))
+    assert node_configs == sorted(f"partition-id={i} num-partitions={count}" for i in range(count))
+    check_tls_override(_load(_generator().tls_override(count)), document, count, node_auth=False)
+
+
+@pytest.mark.parametrize("arguments", [["0"], ["-2"], ["three"], ["4", "--node-auth"], []])
+def test_generator_rejects_bad_arguments(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        _generator().main(arguments)
+    assert stopped.value.code == 2 and capsys.readouterr().out == ""
+
+
+# --------------------------------------------------------------------------- TLS override
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Compose's merge for the keys the override uses: ``command`` replaced, volumes added."""
+    merged = {name: dict(service) for name, service in base["services"].items()}
+    for name, patch in override["services"].items():
+        assert name in merged, f"override names unknown service {name}"
+        assert set(patch) <= {"command", "volumes"}, patch.keys()
+        merged[name]["command"] = patch["command"]
+        merged[name]["volumes"] = list(merged[name].get("volumes", [])) + list(patch.get("volumes", []))
+    return merged
+
+
+def _check_mounted(service: dict[str, Any], container_path: str) -> None:
+    mounts = _mounts(service)
+    assert container_path in mounts, (container_path, mounts)
+    assert mounts[container_path] == "./certificates/" + container_path.removeprefix(CERTIFICATES + "/")
+    assert any(entry.endswith(f"{container_path}:ro") for entry in service["volumes"])
+
+
+def check_tls_override(override: dict[str, Any], base: dict[str, Any], count: int, node_auth: bool) -> None:
+    merged = _merge(base, override)
+    expected = {"superlink", "superexec-serverapp", *(f"supernode-{i}" for i in range(count))}
+    assert set(override["services"]) == expected
+
+    superlink = merged["superlink"]["command"]
+    assert "--insecure" not in superlink
+    for flag, name in [("--ssl-ca-certfile", "ca.crt"), ("--ssl-certfile", "server.pem"),
+                       ("--ssl-keyfile", "server.key")]:
+        assert _option(superlink, flag) == f"{CERTIFICATES}/{name}"
+        _check_mounted(merged["superlink"], f"{CERTIFICATES}/{name}")
+    assert ("--enable-supernode-auth" in superlink) is node_auth
+    # Apart from TLS, the SuperLink runs exactly as in the base file.
+    tls_flags = {"--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"}
+    stripped = [arg for k, arg in enumerate(superlink)
+                if arg not in tls_flags and (k == 0 or superlink[k - 1] not in tls_flags)
+                and arg != "--enable-supernode-auth"]
+    assert stripped == [arg for arg in base["services"]["superlink"]["command"] if arg != "--insecure"]
+
+    serverapp = merged["superexec-serverapp"]
+    assert serverapp["command"] == ["--root-certificates", f"{CERTIFICATES}/ca.crt",
+                                    "--runtime-api-address", SUPERLINK_ADDRESS]
+    _check_mounted(serverapp, f"{CERTIFICATES}/ca.crt")
+    assert _mounts(serverapp)["/app/results"] == "results"  # the base volume survives the merge
+
+    for index in range(count):
+        name = f"supernode-{index}"
+        command = merged[name]["command"]
+        assert "--insecure" not in command
+        assert _option(command, "--root-certificates") == f"{CERTIFICATES}/ca.crt"
+        _check_mounted(merged[name], f"{CERTIFICATES}/ca.crt")
+        base_command = base["services"][name]["command"]
+        for flag in ("--superlink", "--node-config", "--port", "--isolation", "--host"):
+            assert _option(command, flag) == _option(base_command, flag)
+        if node_auth:
+            key = f"{CERTIFICATES}/supernode-keys/supernode-{index}"
+            assert _option(command, "--auth-supernode-private-key") == key
+            _check_mounted(merged[name], key)
+        else:
+            assert "--auth-supernode-private-key" not in command
+            assert not any("supernode-keys" in entry for entry in merged[name]["volumes"])
+        # The ClientApp executors are not in the override: unchanged.
+        assert merged[f"superexec-clientapp-{index}"] == base["services"][f"superexec-clientapp-{index}"]
+
+
+def test_committed_tls_override(committed: dict[str, Any], committed_tls: dict[str, Any]) -> None:
+    check_tls_override(committed_tls, committed, DEFAULT_SUPERNODES, node_auth=False)
+
+
+def test_generator_node_auth_override(committed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert _generator().main([str(DEFAULT_SUPERNODES), "--tls", "--node-auth"]) == 0
+    check_tls_override(_load(capsys.readouterr().out), committed, DEFAULT_SUPERNODES, node_auth=True)
+
+
+def _compose_binary() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def test_compose_config_accepts_the_files(tmp_path: Path) -> None:
+    """``docker compose config`` parses and merges the files (needs no engine; .ci/run installs it)."""
+    binary = _compose_binary()
+    assert binary is not None, "install docker-compose (apt-get install docker-compose) to validate the files"
+    # One call (≈ 0.5 s): both files are parsed and validated, then merged.
+    completed = subprocess.run([*binary, "--project-directory", str(REPOSITORY),
+                                "-f", str(REPOSITORY / "docker-compose.yml"),
+                                "-f", str(REPOSITORY / "docker-compose.tls.yml"), "config"],
+                               capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                               env={key: value for key, value in os.environ.items()
+                                    if key not in ("FLWR_VERSION", "SUPERLINK_BIND", "COMPOSE_FILE")})
+    assert completed.returncode == 0, completed.stderr
+    merged = _load(completed.stdout)["services"]
+    assert merged["superlink"]["image"] == "flwr/superlink:1.42.0"
+    assert "--insecure" not in merged["superlink"]["command"]
+    assert merged["supernode-3"]["command"][:2] == ["--root-certificates", f"{CERTIFICATES}/ca.crt"]
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def test_dockerfile_builds_on_flower_142_superexec_with_cpu_torch(tmp_path: Path) -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG FLWR_VERSION=1\.42\.\d+$", text, re.MULTILINE)
+    assert re.search(r"^FROM flwr/superexec:\$\{FLWR_VERSION\}", text, re.MULTILINE)
+    assert "https://download.pytorch.org/whl/cpu" in text and "torch==${TORCH_VERSION}" in text
+    assert re.search(r"^ARG TORCH_VERSION=2\.13\.0$", text, re.MULTILINE)
+    assert "--find-links /tmp/context/dist" in text  # the local-wheel way
+    assert 'ENTRYPOINT ["flower-superexec"]' in text
+    # torch is installed before the project, so `pip install .` finds it satisfied.
+    assert text.index("torch==${TORCH_VERSION}") < text.index("pip install --no-cache-dir .")
+
+    # Every sub-package that pyproject maps is copied into the build.
+    with open(REPOSITORY / "pyproject.toml", "rb") as stream:
+        packages = tomllib.load(stream)["tool"]["setuptools"]["packages"]
+    folders = {name.split(".")[1] for name in packages if name.count(".") >= 1}
+    copied = set(re.findall(r"^COPY --chown=app:app (\w+) /tmp/fedroute/\1$", text, re.MULTILINE))
+    assert folders == copied
+    assert re.search(r"^COPY --chown=app:app pyproject\.toml README\.md \*\.py /tmp/fedroute/$", text, re.MULTILINE)
+    assert not re.search(r"^COPY .*(certificates|results|\s\.\s)", text, re.MULTILINE)
+
+    # The build's pyproject edit keeps the flwr pin but drops the Ray extra.
+    expression = re.search(r"sed -i '([^']+)' pyproject\.toml", text)
+    assert expression is not None
+    copy = tmp_path / "pyproject.toml"
+    shutil.copy(REPOSITORY / "pyproject.toml", copy)
+    subprocess.run(["sed", "-i", expression.group(1), str(copy)], check=True)
+    with open(copy, "rb") as stream:
+        edited = tomllib.load(stream)
+    with open(REPOSITORY / "pyproject.toml", "rb") as stream:
+        original = tomllib.load(stream)
+    flwr = [dependency for dependency in edited["project"]["dependencies"] if dependency.startswith("flwr")]
+    assert flwr == ["flwr>=1.42,<1.43"]
+    assert len(edited["project"]["dependencies"]) == len(original["project"]["dependencies"])
+    assert edited["tool"] == original["tool"]
+
+
+# --------------------------------------------------------------------------- certificates
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The script run for real (openssl and ssh-keygen must be installed: no skip)."""
+    assert shutil.which("openssl"), "openssl is needed (apt-get install openssl)"
+    assert shutil.which("ssh-keygen"), "ssh-keygen is needed (apt-get install openssh-client)"
+    out = tmp_path_factory.mktemp("certificates")
+    completed = subprocess.run(["bash", str(CERTIFICATE_SCRIPT), "--out", str(out), "--node-keys", "2",
+                                "--san", "DNS:flower.example.org", "--days", "30"],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "flwr supernode register" in completed.stdout
+    return out
+
+
+def test_server_certificate_verifies_against_the_ca(certificates: Path) -> None:
+    for strict in ([], ["-x509_strict"]):
+        completed = subprocess.run(["openssl", "verify", *strict, "-CAfile", str(certificates / "ca.crt"),
+                                    str(certificates / "server.pem")], capture_output=True, text=True)
+        assert completed.returncode == 0 and completed.stdout.strip().endswith("server.pem: OK"), completed
+    text = subprocess.run(["openssl", "x509", "-in", str(certificates / "server.pem"), "-noout", "-text"],
+                          capture_output=True, text=True, check=True).stdout
+    san = text.split("X509v3 Subject Alternative Name:")[1].splitlines()[1]
+    entries = {entry.strip() for entry in san.split(",")}
+    assert {"DNS:superlink", "DNS:localhost", "IP Address:127.0.0.1", "DNS:flower.example.org"} <= entries
+    assert "TLS Web Server Authentication" in text
+    assert (certificates / "server.key").stat().st_mode & 0o077 == 0
+    assert (certificates / "ca.key").stat().st_mode & 0o077 == 0
+
+
+def _handshake(certificates: Path, server_hostname: str) -> None:
+    """A real TLS handshake on loopback: server.pem/server.key served, ca.crt trusted."""
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_context.load_cert_chain(certificates / "server.pem", certificates / "server.key")
+    client_context = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+    client_context.verify_flags |= ssl.VERIFY_X509_STRICT
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def serve() -> None:
+            connection, _ = listener.accept()
+            try:
+                with server_context.wrap_socket(connection, server_side=True) as tls:
+                    tls.recv(1)
+            except (ssl.SSLError, OSError):
+                pass
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with client_context.wrap_socket(raw, server_hostname=server_hostname) as tls:
+                    tls.sendall(b"x")
+        finally:
+            thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("name", ["superlink", "localhost", "127.0.0.1", "flower.example.org"])
+def test_tls_handshake_accepts_every_san(certificates: Path, name: str) -> None:
+    _handshake(certificates, name)
+
+
+def test_tls_handshake_rejects_other_names(certificates: Path) -> None:
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(certificates, "supernode-0")
+
+
+def test_node_keys_are_what_flower_142_reads(certificates: Path) -> None:
+    """The loaders Flower 1.42 applies, without importing flwr (≈ 1 s): ``flower-supernode
+    --auth-supernode-private-key`` calls ``load_ssh_private_key`` and demands an EC key;
+    ``flwr supernode register`` calls ``load_ssh_public_key`` and demands a NIST curve."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    for index in range(2):
+        private_path = certificates / "supernode-keys" / f"supernode-{index}"
+        private_key = load_ssh_private_key(private_path.read_bytes(), None)
+        assert isinstance(private_key, ec.EllipticCurvePrivateKey) and private_key.curve.name == "secp384r1"
+        assert private_path.stat().st_mode & 0o077 == 0
+        public_key = load_ssh_public_key(private_path.with_suffix(".pub").read_bytes())
+        assert isinstance(public_key, ec.EllipticCurvePublicKey)
+        assert public_key.public_numbers() == private_key.public_key().public_numbers()
+    assert not (certificates / "supernode-keys" / "supernode-2").exists()
+
+
+def test_rerun_keeps_the_ca_and_adds_keys(certificates: Path, tmp_path: Path) -> None:
+    out = tmp_path / "certificates"
+    shutil.copytree(certificates, out)
+    before = (out / "ca.crt").read_bytes()
+    completed = subprocess.run(["bash", str(CERTIFICATE_SCRIPT), "--out", str(out), "--node-keys", "3"],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert (out / "ca.crt").read_bytes() == before
+    assert (out / "supernode-keys" / "supernode-2.pub").exists()
+    forced = subprocess.run(["bash", str(CERTIFICATE_SCRIPT), "--out", str(out), "--force"],
+                            capture_output=True, text=True, timeout=60)
+    assert forced.returncode == 0 and (out / "ca.crt").read_bytes() != before
+    bad = subprocess.run(["bash", str(CERTIFICATE_SCRIPT), "--out", str(out), "--san", "superlink"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--san" in bad.stderr
+
+
+def test_certificates_are_git_ignored() -> None:
+    assert "certificates/" in (REPOSITORY / ".gitignore").read_text().splitlines()
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_deployment_doc_covers_the_files() -> None:
+    text = (REPOSITORY / "docs" / "deployment.md").read_text()
+    for needle in ("docker-compose.yml", "docker-compose.tls.yml", "scripts/compose-scale.py",
+                   "scripts/make-certificates.sh", "docker/Dockerfile.superexec", "8000",
+                   "--enable-supernode-auth", "flwr supernode register", "--auth-supernode-private-key",
+                   "https://download.pytorch.org/whl/cpu", "dist/"):
+        assert needle in text, needle
+    native = text.split("## Native deployment", 1)
+    assert len(native) == 2 and "TODO" in native[1].split("\n## ", 1)[0]
