@@ -71,6 +71,13 @@ class RoutingSettings:
         for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds"):
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
+        for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
+                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+                   and bool(np.isfinite(value)), name, value, "a finite number")
+        _check(isinstance(self.synchronized_entry, (bool, np.bool_)), "synchronized_entry",
+               self.synchronized_entry, "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,
                f"a non-empty subset of {sorted(CONTROLLER_IDS)}")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -57,7 +59,8 @@ class RunSettings:
 
 def _integer(config: Mapping[str, Any], key: str, low: int) -> int:
     value = config[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < low:
+    integral = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if isinstance(value, bool) or not integral or value < low:
         raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer ≥ {low}")
     return int(value)
 
@@ -65,7 +68,8 @@ def _integer(config: Mapping[str, Any], key: str, low: int) -> int:
 def _number(config: Mapping[str, Any], key: str, low: float, high: float) -> float:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: a number in [{low}, {high}]")
+        allowed = f"a number in [{low}, {high}]" if math.isfinite(high) or math.isfinite(low) else "a finite number"
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: {allowed}")
     return float(value)
 
 
@@ -82,9 +86,9 @@ def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
         if name == "controllers":
             value = tuple(part.strip() for part in str(value).split(",") if part.strip())
         elif kinds[name] == "int":
-            value = _integer(config, key, 0)
+            value = _integer(config, key, 1)
         elif kinds[name] == "float":
-            value = _number(config, key, float("-inf"), float("inf"))
+            value = _number(config, key, -sys.float_info.max, sys.float_info.max)
         overrides[name] = value
     return overrides
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from flwr.app import MetricRecord
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -18,10 +20,12 @@ from fedroute import protocol
 
 __all__ = ["TrainReply", "ProvisionalReply", "EvaluateReply", "ReplyRejected",
            "validate_train_reply", "validate_provisional_reply", "validate_evaluate_reply", "validate_model_record",
-           "MAX_NUM_EXAMPLES"]
+           "MAX_NUM_EXAMPLES", "MIN_NUM_EXAMPLES"]
 
 MAX_NUM_EXAMPLES = 10**9
 """Largest accepted ``num-examples``: a larger claim would let one client dominate."""
+MIN_NUM_EXAMPLES = 1e-6
+"""Smallest accepted ``num-examples`` (a sample weight; a subnormal one would underflow ``n·w``)."""
 
 
 class ReplyRejected(ValueError):
@@ -68,42 +72,73 @@ def _record(content: Mapping[str, Any], key: str, kind: str) -> Any:
     return content[key]
 
 
+def _is_integer(value: Any) -> bool:
+    """An int (not bool), or a float with an integral value."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    return isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer()
+
+
 def _integer(metrics: Mapping[str, Any], key: str, low: int, high: int) -> int:
     if key not in metrics:
         raise ReplyRejected(f"metric '{key}' is missing")
     value = metrics[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+    if not _is_integer(value):
         raise ReplyRejected(f"metric '{key}' = {value!r} must be an integer")
-    if not low <= int(value) <= high:
-        raise ReplyRejected(f"metric '{key}' = {value} is out of range [{low}, {high}]")
+    if not low <= int(value) <= high:  # int() of an int never overflows
+        raise ReplyRejected(f"metric '{key}' is out of range [{low}, {high}]")
     return int(value)
 
 
 def _num_examples(metrics: Mapping[str, Any]) -> float:
     value = metrics.get(protocol.NUM_EXAMPLES)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ReplyRejected(f"metric '{protocol.NUM_EXAMPLES}' = {value!r} must be a finite number")
-    if not 0 < value <= MAX_NUM_EXAMPLES:
-        raise ReplyRejected(f"metric '{protocol.NUM_EXAMPLES}' = {value} is out of range (0, {MAX_NUM_EXAMPLES}]")
+    if isinstance(value, (int, np.integer)) and not MIN_NUM_EXAMPLES <= value <= MAX_NUM_EXAMPLES:
+        raise ReplyRejected(f"metric '{protocol.NUM_EXAMPLES}' is out of range "
+                            f"[{MIN_NUM_EXAMPLES}, {MAX_NUM_EXAMPLES}]")
+    if not (math.isfinite(value) and MIN_NUM_EXAMPLES <= value <= MAX_NUM_EXAMPLES):
+        raise ReplyRejected(f"metric '{protocol.NUM_EXAMPLES}' = {value!r} is out of range "
+                            f"[{MIN_NUM_EXAMPLES}, {MAX_NUM_EXAMPLES}]")
     return float(value)
 
 
-def _vector(metrics: Mapping[str, Any], key: str, length: int) -> NDArray[np.float64]:
+def _vector(metrics: Mapping[str, Any], key: str, length: Optional[int]) -> NDArray[np.float64]:
     value = metrics.get(key)
-    if not isinstance(value, list) or len(value) != length:
-        raise ReplyRejected(f"metric '{key}' must be a list of {length} numbers, got {value!r}")
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        expected = f"a list of {length} numbers" if length is not None else "a list of numbers"
+        raise ReplyRejected(f"metric '{key}' must be {expected}, got {value!r}")
+    if any(isinstance(item, bool) or not isinstance(item, (int, float)) for item in value):
+        raise ReplyRejected(f"metric '{key}' must hold numbers only")
     vector = np.asarray(value, dtype=np.float64)
     if not np.all(np.isfinite(vector)):
         raise ReplyRejected(f"metric '{key}' has non-finite entries")
     return vector
 
 
+def _optional_metrics(metrics: Mapping[str, Any]) -> None:
+    """Check the optional routing metrics a fedroute client sends, where present."""
+    for key in (protocol.ROUNDS_PLAYED, protocol.CONTROLLER, protocol.ENTERED, protocol.RELEASED):
+        if key in metrics:
+            _integer(metrics, key, -1, 2**62)
+    if protocol.ARM in metrics:
+        _integer(metrics, protocol.ARM, -1, 2**31)
+    if protocol.FEEDBACK in metrics:
+        value = metrics[protocol.FEEDBACK]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ReplyRejected(f"metric '{protocol.FEEDBACK}' = {value!r} must be a finite number")
+    if protocol.EXP3_LOG_WEIGHTS in metrics:
+        if len(_vector(metrics, protocol.EXP3_LOG_WEIGHTS, None)) == 0:
+            raise ReplyRejected(f"metric '{protocol.EXP3_LOG_WEIGHTS}' must not be empty")
+
+
 def _metrics(content: Mapping[str, Any]) -> dict[str, Any]:
     record = _record(content, protocol.METRICS, "MetricRecord")
-    try:
-        return dict(record.items())
-    except AttributeError as error:
-        raise ReplyRejected(f"'{protocol.METRICS}' is not a MetricRecord") from error
+    if not isinstance(record, (MetricRecord, dict)):
+        raise ReplyRejected(f"'{protocol.METRICS}' must be a MetricRecord, got {type(record).__name__}")
+    return dict(record.items())
 
 
 def validate_model_record(content: Mapping[str, Any], key: str, template: Mapping[str, NDArray]) -> dict[str, NDArray]:
@@ -161,6 +196,7 @@ def validate_train_reply(
     num_examples = _num_examples(metrics)
     for key in (protocol.LOSSES, protocol.ROUTE_DISTRIBUTION):
         _vector(metrics, key, num_clusters)
+    _optional_metrics(metrics)
     model = validate_model_record(content, protocol.MODEL, template)
     return TrainReply(client_id=client_id, cluster=cluster, num_examples=num_examples, model=model, metrics=metrics)
 
