@@ -1,6 +1,7 @@
 """The ``fedroute`` command line.
 
 ``fedroute flower``     run the Flower app (``flwr run .``) hermetically in a Ray simulation
+``fedroute deploy local``  run it on a real SuperLink and SuperNodes on 127.0.0.1
 ``fedroute simulate``   run one configuration in the batched simulator and print its summary
 ``fedroute reproduce``  run a paper experiment (tables, figures, claims)
 """
@@ -60,6 +61,25 @@ def _flower(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deploy(args: argparse.Namespace) -> int:
+    from fedroute.server.deploy import LocalFederation
+    from fedroute.server.launcher import parse_config_value
+    from fedroute.server.results import summary_table
+
+    overrides = {key: parse_config_value(value) for key, value in (item.split("=", 1) for item in args.run_config)}
+    overrides.setdefault("num-clients", args.supernodes)
+    overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+    with LocalFederation(args.app_dir, args.supernodes, tls=args.tls, state_dir=args.state_dir) as federation:
+        result = federation.run(overrides, timeout=args.timeout, stream=True)
+    if not result.completed:
+        print(f"fedroute: the deployed run ended with status {result.status!r} (exit {result.returncode})",
+              file=sys.stderr)
+        return 1
+    if "results:" not in result.stdout and result.results_dir and (result.results_dir / "summary.json").is_file():
+        print(summary_table(json.loads((result.results_dir / "summary.json").read_text())))  # stream lost it
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     return REPRODUCE_COMMANDS[args.experiment](args)
 
@@ -81,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run-config overrides, e.g. method=exp3 num-server-rounds=50")
     flower.set_defaults(handler=_flower)
 
+    deploy = commands.add_parser("deploy", help="run the Flower app on real SuperLink/SuperNode processes")
+    local = deploy.add_subparsers(dest="action", required=True).add_parser(
+        "local", help="a SuperLink and N SuperNodes on 127.0.0.1 (docs/deployment.md)")
+    local.add_argument("--supernodes", type=int, required=True, help="SuperNodes to start (= num-clients)")
+    local.add_argument("--tls", action="store_true", help="TLS with a private CA made for this deployment")
+    local.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides")
+    local.add_argument("--results-dir", default="results", help="where results/<run-id>/ is written")
+    local.add_argument("--state-dir", default=None, help="persistent client state (node config state-dir)")
+    local.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped")
+    local.add_argument("--app-dir", default=".", help="the Flower app (this repository)")
+    local.set_defaults(handler=_deploy)
+
     sim = commands.add_parser("simulate", help="one linear-task configuration in the batched simulator")
     sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry", "fedcam"))
     sim.add_argument("--rounds", type=int, default=100)
@@ -96,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--quick", action="store_true", help="a small version (for tests)")
     reproduce.add_argument("--workers", type=int, default=1, help="parallel workers (results do not depend on it)")
     reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
+    reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "
+                           "(csv, csv.gz, parquet); default $FEDROUTE_HOUSING_FILE, else the real download")
     reproduce.set_defaults(handler=_reproduce)
     return parser
 
