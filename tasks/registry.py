@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from fedroute.tasks.base import Task
+from fedroute.tasks.characters import CharactersTask
+from fedroute.tasks.femnist import FemnistTask
 from fedroute.tasks.gmm import GMMTask
 from fedroute.tasks.housing import HousingTask
 from fedroute.tasks.linear import LinearTask
@@ -56,10 +58,34 @@ _GMM_KEYS: _KeyTable = {
     "seed": ("seed", int),
 }
 
+_CHARACTERS_KEYS: _KeyTable = {
+    "num-clients": ("num_clients", int),
+    "test-fraction": ("test_fraction", float),
+    "hidden-units": ("hidden_units", int),
+    "local-steps": ("local_steps", int),
+    "learning-rate": ("learning_rate", float),
+    "pretrain-epochs": ("pretrain_epochs", int),
+    "pretrain-learning-rate": ("pretrain_learning_rate", float),
+    "base-epochs": ("base_epochs", int),
+    "alpha": ("alpha", float),
+    "seed": ("seed", int),
+}
+
+_FEMNIST_KEYS: _KeyTable = {
+    **_CHARACTERS_KEYS,
+    "dataset": ("dataset", str),
+    "data-file": ("data_file", str),  # "" = the hub
+    "first-writer": ("first_writer", int),
+    "num-classes": ("num_classes", int),
+    "image-size": ("image_size", int),
+}
+
 TASK_KEYS: dict[str, tuple[Callable[..., Task], _KeyTable]] = {
     "linear": (LinearTask, _LINEAR_KEYS),
     "housing": (HousingTask, _HOUSING_KEYS),
     "gmm": (GMMTask, _GMM_KEYS),
+    "characters": (CharactersTask, _CHARACTERS_KEYS),
+    "femnist": (FemnistTask, _FEMNIST_KEYS),
 }
 """Task name → (task class, run-config key table)."""
 
