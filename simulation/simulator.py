@@ -59,7 +59,7 @@ class BatchHistory:
     Attributes
     ----------
     cluster_models : ndarray, shape (T+1, R, K, P)
-        ``W^0 … W^T`` of every run.
+        ``W^0 … W^T`` of every run (only the ``model_rounds`` asked for).
     routes : ndarray of int8/int16, shape (T, R, n)
         Executed hard routes.
     masses : ndarray, shape (T, R, K)
@@ -134,6 +134,7 @@ def simulate_batch(
     num_rounds: int,
     seeds: Sequence[int],
     detail: bool = False,
+    model_rounds: Optional[Sequence[int]] = None,
 ) -> BatchHistory:
     """Simulate ``R = len(tasks)`` independent runs of one method together.
 
@@ -149,6 +150,10 @@ def simulate_batch(
         The routing seed of each run.
     detail : bool
         Also record per-client arrays (memory ``O(T·R·n·K)``).
+    model_rounds : sequence of int, optional
+        Record the cluster models ``W^t`` only for these ``t`` (in ``0..T``);
+        all rounds by default.  ``cluster_models`` then has one entry per
+        listed round, in increasing order (large models over many rounds).
 
     Returns
     -------
@@ -180,7 +185,11 @@ def simulate_batch(
     record: dict[str, list] = {key: [] for key in keys}
     detailed: dict[str, list] = {key: [] for key in (
         "train_losses", "controllers", "arms", "arm_probabilities", "entered", "released")}
-    record["cluster_models"].append(models)
+    kept_rounds = set(range(num_rounds + 1)) if model_rounds is None else {int(t) for t in model_rounds}
+    if any(not 0 <= t <= num_rounds for t in kept_rounds):
+        raise ValueError(f"model_rounds must lie in [0, {num_rounds}]")
+    if 0 in kept_rounds:
+        record["cluster_models"].append(models)
 
     def per_run_mean(values: NDArray) -> NDArray:
         return values.reshape(num_runs, num_clients, *values.shape[1:]).mean(axis=1)
@@ -195,8 +204,9 @@ def simulate_batch(
         models = hard_update(models, result.trained_models, decision.routes, num_examples, run_of_client)
         masses = routing_masses(decision.routes, num_examples, num_clusters, run_of_client, num_runs)
         arm_in_force = decision.arm[:, None] == np.arange(settings.num_arms)
+        if round_index + 1 in kept_rounds:
+            record["cluster_models"].append(models)
         for key, value in (
-            ("cluster_models", models),
             ("routes", decision.routes.astype(route_dtype).reshape(num_runs, num_clients)),
             ("masses", masses),
             ("mean_arm_probabilities", per_run_mean(probabilities)),

@@ -43,3 +43,14 @@ def test_sweep_rows_do_not_depend_on_chunking() -> None:
     pd.testing.assert_frame_equal(whole, pieces)
     assert list(whole.columns[:3]) == ["method", "rho", "seed"] and len(whole) == len(cells)
     assert [len(chunk) for chunk in chunked(cells, 4)] == [4, 4, 2]
+
+
+def test_model_rounds_keep_only_the_asked_states() -> None:
+    task = LinearTask(num_clients=6, init="spread", seed=1)
+    settings = method_settings("exp3", "linear")
+    full = simulate_batch([task], settings, 12, [1])
+    sparse = simulate_batch([task], settings, 12, [1], model_rounds=[0, 11, 12])
+    np.testing.assert_array_equal(sparse.cluster_models, full.cluster_models[[0, 11, 12]])
+    np.testing.assert_array_equal(sparse.routes, full.routes)
+    with pytest.raises(ValueError, match="model_rounds"):
+        simulate_batch([task], settings, 12, [1], model_rounds=[13])
