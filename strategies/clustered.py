@@ -111,6 +111,7 @@ class ClusteredRouting(Strategy):
         self.client_config = dict(client_config or {})
         self.node_wait_timeout = node_wait_timeout
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self._nodes_ready = False
         self.resumed_from_round = 0
         self.num_clusters = routing.num_clusters
         self.cluster_models: list[dict[str, NDArray]] = []
@@ -130,14 +131,20 @@ class ClusteredRouting(Strategy):
                     self.routing.synchronized_entry, self.fraction_train)
 
     def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        """Wait for enough nodes, then sample deterministically from (seed, round)."""
-        needed = max(self.min_available_nodes, self.min_train_nodes)
+        """Wait for enough nodes, then sample deterministically from (seed, round).
+
+        ``min_available_nodes`` is waited for once, before the first exchange;
+        later rounds need only ``min_train_nodes``, so a lost node does not stop
+        the run (it is left out until it reconnects).
+        """
+        needed = self.min_train_nodes if self._nodes_ready else max(self.min_available_nodes, self.min_train_nodes)
         deadline = time.monotonic() + self.node_wait_timeout
         while len(node_ids := sorted(grid.get_node_ids())) < needed:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(node_ids)} nodes connected after {self.node_wait_timeout} s; "
                                    f"min_available_nodes/min_train_nodes require {needed}")
             time.sleep(0.5)
+        self._nodes_ready = True
         sample_size = min(len(node_ids), max(self.min_train_nodes, int(len(node_ids) * self.fraction_train)))
         if sample_size == len(node_ids):
             return node_ids

@@ -78,6 +78,8 @@ Defaults (our choice, EXPERIMENTS E6; measured on the real table)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import functools
 import os
 from dataclasses import dataclass
@@ -85,8 +87,10 @@ from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: clients never need it
+    import pandas as pd
 
 from fedroute.client.randomness import Purpose, generator
 
@@ -126,6 +130,8 @@ def _default_data_file(data_file: Union[str, Path, None]) -> Optional[Path]:
 
 
 def _read_table(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     name = path.name.lower()
     if not path.is_file():
         raise FileNotFoundError(f"California Housing data file {str(path)!r} does not exist")
@@ -291,6 +297,8 @@ def _prepare(source: Optional[str], test_fraction: float, seed: int, num_clients
             test_parts.append(test_rows)
         first += clients_per_group[g]
     client_groups = np.repeat(np.arange(2, dtype=np.int64), clients_per_group)
+
+    import pandas as pd
 
     split_label = np.full(len(raw), "train", dtype=object)
     split_label[test] = "test"

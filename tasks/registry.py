@@ -114,8 +114,8 @@ def _convert(key: str, value: Any, kind: type) -> Any:
 def task_from_config(config: Mapping[str, Any]) -> Task:
     """The task named by ``config["task"]`` with the settings present in ``config``.
 
-    Missing keys take the task's defaults; keys of other tasks and unrelated
-    keys are ignored.
+    Missing keys and keys set to ``"auto"`` take the task's defaults; keys of
+    other tasks and unrelated keys are ignored.
     """
     name = config.get("task", "linear")
     if name not in TASK_KEYS:
@@ -123,7 +123,7 @@ def task_from_config(config: Mapping[str, Any]) -> Task:
     factory, keys = TASK_KEYS[name]
     arguments = {}
     for key, (field, kind) in keys.items():
-        if key in config:
+        if key in config and config[key] != "auto":  # "auto": the task's own default
             arguments[field] = _convert(key, config[key], kind)
     if name == "housing" and arguments.get("data_file") == "":
         arguments["data_file"] = None
