@@ -56,26 +56,46 @@ def test_a_replayed_round_starts_from_the_same_state(tmp_path: Path) -> None:
     np.testing.assert_array_equal(fresh.exp3_log_weights, AgentState.initial(1, settings).exp3_log_weights)
 
 
-def test_resumed_flower_run_equals_an_uninterrupted_one(repository: Path, tmp_path: Path) -> None:
-    base = {"method": "exp3", "num-clients": 10, "seed": 2, "block-length": 3}
+def test_server_killed_mid_run_resumes_to_the_uninterrupted_result(repository: Path, tmp_path: Path) -> None:
+    """Kill every process of a running simulation after round 3 is checkpointed, then resume."""
+    import threading
+    import time
 
-    def run(rounds: int, name: str, checkpoint: Path | None) -> Path:
-        results = tmp_path / name
-        config = {**base, "num-server-rounds": rounds, "results-dir": str(results)}
-        if checkpoint is not None:
-            config.update({"checkpoint-dir": str(checkpoint / "server"), "client-state-dir": str(checkpoint / "clients")})
-        outcome = run_flower_app(repository, config, num_supernodes=10, timeout=600)
-        assert outcome.completed, outcome.stdout[-3000:]
-        (directory,) = list(results.iterdir())
-        return directory
+    from fedroute.server.launcher import stop_processes
+    from fedroute.strategies.checkpoint import load_checkpoint
 
-    whole = run(9, "whole", None)
-    run(4, "first-part", tmp_path / "state")  # the server side stops after round 4 ...
-    resumed = run(9, "resumed", tmp_path / "state")  # ... and a new run resumes from its checkpoint
-    summary = json.loads((resumed / "summary.json").read_text())["exp3"]
-    assert summary["resumed_from_round"] == 4
-    expected, actual = np.load(whole / "cluster_models.npz"), np.load(resumed / "cluster_models.npz")
+    base = {"method": "exp3", "num-clients": 8, "seed": 5, "block-length": 2, "num-server-rounds": 8}
+    state = tmp_path / "state"
+    resumable = {"checkpoint-dir": str(state / "server"), "client-state-dir": str(state / "clients")}
+
+    home = tmp_path / "killed-home"
+    outcome: dict = {}
+    worker = threading.Thread(target=lambda: outcome.update(result=run_flower_app(
+        repository, {**base, **resumable, "results-dir": str(tmp_path / "killed")}, num_supernodes=8,
+        timeout=600, flwr_home=home)))
+    worker.start()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        stored = load_checkpoint(state / "server" / "exp3")
+        if stored is not None and stored[1]["server_round"] >= 3:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("no checkpoint of round 3 appeared")
+    stop_processes(home, grace=0.0)  # SIGTERM then SIGKILL: the server side dies mid-run
+    worker.join(120)
+    assert not outcome["result"].completed
+    killed_at = load_checkpoint(state / "server" / "exp3")[1]["server_round"]
+    assert 3 <= killed_at < base["num-server-rounds"]
+
+    resumed = run_flower_app(repository, {**base, **resumable, "results-dir": str(tmp_path / "resumed")},
+                             num_supernodes=8, timeout=600)
+    whole = run_flower_app(repository, {**base, "results-dir": str(tmp_path / "whole")}, num_supernodes=8,
+                           timeout=600)
+    assert resumed.completed and whole.completed
+    (resumed_dir,) = list((tmp_path / "resumed").iterdir())
+    (whole_dir,) = list((tmp_path / "whole").iterdir())
+    assert json.loads((resumed_dir / "summary.json").read_text())["exp3"]["resumed_from_round"] == killed_at
+    expected, actual = np.load(whole_dir / "cluster_models.npz"), np.load(resumed_dir / "cluster_models.npz")
     for key in expected.files:
         np.testing.assert_allclose(actual[key], expected[key], atol=1e-12, rtol=0)
-    assert (json.loads((whole / "summary.json").read_text())["exp3"]["recovery_error"]
-            == pytest.approx(summary["recovery_error"], abs=1e-12))
