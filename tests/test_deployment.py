@@ -171,7 +171,10 @@ def test_lost_supernode_is_left_out_and_resumes_its_state_after_restart(reposito
     assert table.loc[back[0]].max_rounds_played == back[0] + 1
     final_state = _state_rounds(state_dir, VICTIM)
     assert max(final_state) == rounds - 1
-    assert int(final_state[rounds - 1]["rounds_played"][0]) == int(routes[VICTIM].notna().sum()) == rounds - 1
+    # It played every round it was connected for (the server does not wait for a lost node, so it
+    # may miss more than the round of the loss), and no other.
+    played = int(routes[VICTIM].notna().sum())
+    assert int(final_state[rounds - 1]["rounds_played"][0]) == played and played < rounds
     summary = json.loads((directory / "summary.json").read_text())["exp3"]
     assert summary["evaluated_clients"] == NUM_NODES and summary["rejected_replies"] == 1
 
