@@ -6,10 +6,64 @@ round reveals underused cluster models.  The routing rules are pure, vectorised
 functions (:mod:`fedroute.client`, :mod:`fedroute.strategies`) shared by the
 Flower runtime and the batched simulator (:mod:`fedroute.simulation`).
 
-Importing :mod:`fedroute` is cheap: it imports neither Flower nor torch.
+The public API (``docs/plugin.md``) adds clustered routing to an existing
+Flower app:
+
+* server side: :class:`ClusteredRouting` (or the :class:`FedCAM` baseline) with
+  :class:`RoutingSettings` from :func:`method_settings`, started with initial
+  models from :func:`cluster_models_from_torch`;
+* client side: :func:`routing_train`, :func:`routing_evaluate` and
+  :func:`routing_query`, one call per handler of the user's ClientApp.
+
+Importing :mod:`fedroute` is cheap: it imports neither Flower nor torch.  The
+names above are resolved on first access (module ``__getattr__``).
 """
 
-from fedroute.client.settings import RoutingSettings
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-__all__ = ["RoutingSettings", "__version__"]
+__all__ = [
+    "ClusteredRouting",
+    "FedCAM",
+    "RoutingSettings",
+    "method_settings",
+    "cluster_models_from_torch",
+    "routing_train",
+    "routing_evaluate",
+    "routing_query",
+    "__version__",
+]
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ClusteredRouting": "fedroute.strategies.clustered",
+    "FedCAM": "fedroute.strategies.fedcam",
+    "RoutingSettings": "fedroute.client.settings",
+    "method_settings": "fedroute.strategies.methods",
+    "cluster_models_from_torch": "fedroute.client.torch_adapter",
+    "routing_train": "fedroute.client.plugin",
+    "routing_evaluate": "fedroute.client.plugin",
+    "routing_query": "fedroute.client.plugin",
+}
+
+if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from fedroute.client.plugin import routing_evaluate, routing_query, routing_train
+    from fedroute.client.settings import RoutingSettings
+    from fedroute.client.torch_adapter import cluster_models_from_torch
+    from fedroute.strategies.clustered import ClusteredRouting
+    from fedroute.strategies.fedcam import FedCAM
+    from fedroute.strategies.methods import method_settings
+
+
+def __getattr__(name: str) -> object:
+    """Import a public name's module on first access (keeps ``import fedroute`` cheap)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedroute' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})

@@ -1,0 +1,627 @@
+"""What clustered routing costs: Flower's FedAvg against ClusteredRouting (K = 2, 4, 8), side by side.
+
+Run: ``python bench/bench_fedavg.py [--docs docs/performance.md]`` (≈ 40 minutes on 2 cores; see
+``--help`` for sizes, rounds and repeats, e.g. ``--skip-large --repeat 1 --headline-repeat 0``
+for a quick look).
+
+Both sides use the same Flower app, built by this script in a temporary
+directory from this file and the example's user code
+(``examples/digits_cnn/digits_app``): the same clients (sklearn digits, four
+transformed groups, 96 training examples each), the same CNN (38 k
+parameters) and the same local training (one epoch of SGD, batch 16).  FedAvg
+is ``flwr.serverapp.strategy.FedAvg`` with a plain ClientApp handler (load the
+global model, train, reply); routing is :class:`fedroute.ClusteredRouting`
+(EXP3 over Greedy and selective hysteresis) with :func:`fedroute.routing_train`
+in the same handler.  Three measurements:
+
+1. **Flower simulation** (``flwr run``, Ray, one CPU per simulated client),
+   every configuration run ``--repeat`` times, interleaved, so that a busy
+   spell of the machine hits all alike (FedAvg and ``K = 2``, the headline
+   comparison, ``--headline-repeat`` times more), with 1 local epoch and,
+   for FedAvg and ``K = 2``, ``--longer-epochs`` local epochs.  The ServerApp records per round the
+   wall time from one ``configure_train`` call to the next (start-up and the
+   first ``--warmup`` round, which loads the ClientApps, excluded), the
+   strategy's own time, the simulation process's CPU time, the bytes of the
+   ArrayRecords sent and received (``count_bytes()``), and each client's CPU
+   time in its handler, ``loss_fn`` and ``train_fn``; at the end the process's
+   peak RSS (``resource.getrusage``; the ServerApp runs in the simulation
+   process, next to Ray's driver and the in-memory link state).
+2. **1,000 virtual clients**, 5 % sampled per round, the same way.
+3. **In-process compute** (no Flower transport, one thread): the same
+   handlers and strategies, rounds of ``--clients`` clients driven in this
+   process, CPU time per part.  Flower's simulation polls for messages every
+   0.1 s, so its round times move in steps of 0.1 s; this measurement shows
+   the cost of the work itself.
+
+The script prints markdown tables and, with ``--docs``, writes them between
+the ``bench-table`` markers of that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings, routing_train
+from fedroute.client.randomness import Purpose, generator
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+EXAMPLE = REPOSITORY / "examples" / "digits_cnn"
+TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+APP_CONFIG = {
+    "strategy": "fedavg",        # "fedavg", "fedavg-evaluate" or "routing"
+    "num-clusters": 2,
+    "num-server-rounds": 11,
+    "fraction-train": 1.0,
+    "min-nodes": 12,
+    "seed": 0,
+    "samples-per-client": 120,
+    "local-epochs": 1,
+    "batch-size": 16,
+    "learning-rate": 0.1,
+    "results-path": "",
+}
+LABELS = {"fedavg": "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round (Flower's default)"}
+
+# ================================================================================ the app
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+def _array_bytes(content: RecordDict) -> int:
+    return sum(record.count_bytes() for record in content.array_records.values())
+
+
+class _Timing:
+    """Per round: wall time, strategy time, CPU time of this thread and process, bytes, client timings."""
+
+    def _init_timing(self) -> None:
+        self.marks: list[float] = []
+        self.thread_cpu_marks: list[float] = []
+        self.process_cpu_marks: list[float] = []
+        self.strategy_seconds: list[float] = []
+        self.bytes_down: list[int] = []
+        self.bytes_up: list[int] = []
+        self.num_messages: list[int] = []
+        self.client_timings: list[list[dict[str, float]]] = []
+
+    def _mark(self) -> float:
+        now = time.perf_counter()
+        self.marks.append(now)
+        self.thread_cpu_marks.append(time.thread_time())
+        self.process_cpu_marks.append(time.process_time())
+        return now
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: Any, grid: Grid) -> Iterable[Message]:
+        started = self._mark()
+        messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
+        self.strategy_seconds.append(time.perf_counter() - started)
+        self.bytes_down.append(sum(_array_bytes(message.content) for message in messages))
+        self.num_messages.append(len(messages))
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
+        replies = list(replies)
+        good = [reply for reply in replies if not reply.has_error()]
+        self.bytes_up.append(sum(_array_bytes(reply.content) for reply in good))
+        self.client_timings.append([
+            {key: float(value) for key, value in reply.content["metrics"].items() if key.startswith("bench-")}
+            for reply in good if "metrics" in reply.content.metric_records])
+        started = time.perf_counter()
+        result = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        self.strategy_seconds[-1] += time.perf_counter() - started
+        return result
+
+    def finish(self) -> None:
+        self._mark()
+
+
+class TimedFedAvg(_Timing, FedAvg):
+    """Flower's FedAvg, timed."""
+
+
+class TimedRouting(_Timing, ClusteredRouting):
+    """fedroute's ClusteredRouting, timed.
+
+    Node sampling (``fraction_train < 1``) is replaced by the fix proposed for
+    ``ClusteredRouting._sample_nodes``: that method passes the node ids to
+    ``rng.choice``, which turns Flower's 64-bit ids (≥ 2^53, some ≥ 2^63)
+    into float64 and returns ids of no node, so a sampled round gets no
+    replies.  Sampling indices keeps the ids exact; the sample (same seed,
+    round and generator) is otherwise unchanged.
+    """
+
+    def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        node_ids = sorted(grid.get_node_ids())
+        needed = max(self.min_available_nodes, self.min_train_nodes)
+        deadline = time.monotonic() + self.node_wait_timeout
+        while len(node_ids) < needed:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(node_ids)} nodes connected; {needed} required")
+            time.sleep(0.5)
+            node_ids = sorted(grid.get_node_ids())
+        sample_size = min(len(node_ids), max(self.min_train_nodes, int(len(node_ids) * self.fraction_train)))
+        if sample_size == len(node_ids):
+            return node_ids
+        rng = generator(self.seed, 0, server_round, Purpose.NODE_SAMPLING)
+        return sorted(node_ids[int(i)] for i in rng.choice(len(node_ids), size=sample_size, replace=False))
+
+
+def make_strategy(config: dict[str, Any]) -> tuple[Any, Any]:
+    """The timed strategy of a run config and its initial arrays."""
+    from digits_app.task import make_model
+
+    seed, fraction, min_nodes = int(config["seed"]), float(config["fraction-train"]), int(config["min-nodes"])
+    name = str(config["strategy"])
+    if name in ("fedavg", "fedavg-evaluate"):
+        strategy: Any = TimedFedAvg(fraction_train=fraction, fraction_evaluate=fraction if name != "fedavg" else 0.0,
+                                    min_available_nodes=min_nodes, min_train_nodes=min(2, min_nodes),
+                                    min_evaluate_nodes=min(2, min_nodes))
+        initial: Any = ArrayRecord(make_model(seed * 100).state_dict())
+    else:
+        num_clusters = int(config["num-clusters"])
+        strategy = TimedRouting(method_settings("exp3", "characters", num_clusters=num_clusters),
+                                fraction_train=fraction, min_available_nodes=min_nodes,
+                                min_train_nodes=min(2, min_nodes), seed=seed, evaluate_at_end=False)
+        initial = cluster_models_from_torch([make_model(seed * 100 + k) for k in range(num_clusters)])
+    strategy._init_timing()
+    return strategy, initial
+
+
+def _max_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _deltas(marks: list[float]) -> list[float]:
+    return [b - a for a, b in zip(marks, marks[1:])]
+
+
+@server_app.main()
+def server_main(grid: Grid, context: Context) -> None:
+    """Run one strategy for ``num-server-rounds`` rounds and write the measurements."""
+    rss_at_start = _max_rss_mib()
+    config = dict(context.run_config)
+    strategy, initial = make_strategy(config)
+    strategy.start(grid, initial, num_rounds=int(config["num-server-rounds"]))
+    strategy.finish()
+    results = {
+        "strategy": str(config["strategy"]),
+        "num_clusters": int(config["num-clusters"]) if config["strategy"] == "routing" else 1,
+        "round_seconds": _deltas(strategy.marks),
+        "thread_cpu_seconds": _deltas(strategy.thread_cpu_marks),
+        "process_cpu_seconds": _deltas(strategy.process_cpu_marks),
+        "strategy_seconds": strategy.strategy_seconds,
+        "bytes_down": strategy.bytes_down,
+        "bytes_up": strategy.bytes_up,
+        "num_messages": strategy.num_messages,
+        "client_timings": strategy.client_timings,
+        "max_rss_mib_at_start": rss_at_start,
+        "max_rss_mib": _max_rss_mib(),
+        "rejected": len(getattr(strategy, "rejected", [])),
+    }
+    Path(str(config["results-path"])).write_text(json.dumps(results))
+
+
+def _client_data(context: Context) -> Any:
+    from digits_app.task import client_data
+
+    return client_data(int(context.node_config["partition-id"]), int(context.run_config["samples-per-client"]))
+
+
+def _timed(function: Callable[..., Any], spent: dict[str, float], key: str) -> Callable[..., Any]:
+    """``function`` that adds its CPU time to ``spent[key]`` and counts its calls."""
+    def timed(*args: Any) -> Any:
+        begin = time.thread_time()
+        try:
+            return function(*args)
+        finally:
+            spent[key] += time.thread_time() - begin
+            spent[f"{key}-calls"] += 1
+    return timed
+
+
+@client_app.train()
+def client_train(message: Message, context: Context) -> Message:
+    """The same local training under both strategies; CPU timings travel back as ``bench-*`` metrics."""
+    started = time.thread_time()
+    import torch
+
+    from digits_app.task import DigitsCNN, mean_loss, train
+
+    torch.set_num_threads(1)
+    data, config = _client_data(context), context.run_config
+    server_round = int(message.content["config"]["server-round"])
+    shuffle_seed = int(config["seed"]) * 1_000_003 + int(context.node_config["partition-id"]) * 1_009 + server_round
+    spent = {"loss": 0.0, "train": 0.0, "loss-calls": 0.0, "train-calls": 0.0}
+
+    def train_fn(model: torch.nn.Module) -> None:
+        train(model, data.train, epochs=int(config["local-epochs"]), batch_size=int(config["batch-size"]),
+              learning_rate=float(config["learning-rate"]), seed=shuffle_seed)
+
+    train_fn = _timed(train_fn, spent, "train")
+    loss_fn = _timed(lambda model: mean_loss(model, data.train), spent, "loss")
+    if "arrays" in message.content.array_records:  # FedAvg: the usual Flower handler
+        model = DigitsCNN()
+        model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+        train_fn(model)
+        reply = Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                                            "metrics": MetricRecord({"num-examples": len(data.train)})}),
+                        reply_to=message)
+    else:  # clustered routing: one call
+        reply = routing_train(message, context, DigitsCNN(), train_fn, loss_fn, num_examples=len(data.train))
+    metrics = reply.content["metrics"]
+    for key, value in spent.items():
+        metrics[f"bench-{key}"] = value
+    metrics["bench-handler"] = time.thread_time() - started
+    return reply
+
+
+@client_app.evaluate()
+def client_evaluate(message: Message, context: Context) -> Message:
+    """FedAvg's per-round federated evaluation (Flower's default ``fraction_evaluate = 1``): held-out loss."""
+    from digits_app.task import DigitsCNN, mean_loss
+
+    data = _client_data(context)
+    model = DigitsCNN()
+    model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+    return Message(content=RecordDict({"metrics": MetricRecord({"num-examples": len(data.test),
+                                                                "eval-loss": mean_loss(model, data.test)})}),
+                   reply_to=message)
+
+
+# ================================================================ flower simulation runs
+def build_app(directory: Path) -> Path:
+    """A Flower app directory: this module, the example's user code and a pyproject."""
+    app = directory / "bench_app"
+    app.mkdir(parents=True)
+    shutil.copy(Path(__file__), app / "bench_fedavg.py")
+    shutil.copytree(EXAMPLE / "digits_app", app / "digits_app", ignore=shutil.ignore_patterns("__pycache__"))
+    config = "\n".join(f"{key} = {json.dumps(value)}" for key, value in APP_CONFIG.items())
+    (app / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "fedroute-bench"\nversion = "1.0.0"\nlicense = "Apache-2.0"\ndependencies = []\n\n'
+        '[tool.flwr.app]\npublisher = "fedroute"\n\n'
+        '[tool.flwr.app.components]\nserverapp = "bench_fedavg:server_app"\nclientapp = "bench_fedavg:client_app"\n\n'
+        f"[tool.flwr.app.config]\n{config}\n")
+    return app
+
+
+def run_configuration(app: Path, results: Path, strategy: str, num_clusters: int, num_clients: int,
+                      fraction: float, rounds: int, timeout: float, local_epochs: int = 1) -> dict[str, Any]:
+    """One ``flwr run``; returns the ServerApp's measurements."""
+    from fedroute.server.launcher import run_flower_app
+
+    path = results / f"{strategy}-k{num_clusters}-n{num_clients}-e{local_epochs}-{time.time_ns()}.json"
+    load_average = os.getloadavg()[0]
+    run = run_flower_app(app, {"strategy": strategy, "num-clusters": num_clusters, "num-server-rounds": rounds,
+                               "fraction-train": fraction, "min-nodes": num_clients, "local-epochs": local_epochs,
+                               "results-path": str(path)},
+                         num_supernodes=num_clients, timeout=timeout)
+    if not run.completed or not path.exists():
+        raise RuntimeError(f"{strategy} K={num_clusters} n={num_clients}: {run.status}\n{run.stdout[-3000:]}")
+    measured = json.loads(path.read_text())
+    measured.update(wall_seconds=run.wall_seconds, load_average=load_average, local_epochs=local_epochs)
+    path.write_text(json.dumps(measured))
+    return measured
+
+
+def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Pooled over the measured rounds of all runs of one configuration (each run's first ``warmup`` dropped)."""
+    keep = slice(warmup, None)
+
+    def pooled(key: str) -> list[Any]:
+        return [value for run in runs for value in run[key][keep]]
+
+    clients = [timing for round_timings in pooled("client_timings") for timing in round_timings]
+
+    def client_mean(key: str, scale: float = 1000.0) -> float:
+        return scale * statistics.fmean(timing.get(key, 0.0) for timing in clients) if clients else float("nan")
+
+    first = runs[0]
+    return {
+        "label": LABELS.get(first["strategy"], f"ClusteredRouting K={first['num_clusters']}"),
+        "seconds": statistics.fmean(pooled("round_seconds")),
+        "median_seconds": statistics.median(pooled("round_seconds")),
+        "seconds_per_run": [statistics.fmean(run["round_seconds"][keep]) for run in runs],
+        "strategy_seconds": statistics.fmean(pooled("strategy_seconds")),
+        "process_cpu_seconds": statistics.fmean(pooled("process_cpu_seconds")),
+        "clients_per_round": statistics.median(pooled("num_messages")),
+        "mib_down": statistics.median(pooled("bytes_down")) / 2**20,
+        "mib_up": statistics.median(pooled("bytes_up")) / 2**20,
+        "handler_ms": client_mean("bench-handler"),
+        "loss_ms": client_mean("bench-loss"),
+        "loss_calls": client_mean("bench-loss-calls", 1.0),
+        "train_ms": client_mean("bench-train"),
+        "train_calls": client_mean("bench-train-calls", 1.0),
+        "rss_mib": max(run["max_rss_mib"] for run in runs),
+        "rss_growth_mib": max(run["max_rss_mib"] - run["max_rss_mib_at_start"] for run in runs),
+        "rounds": len(pooled("round_seconds")),
+        "runs": len(runs),
+        "load": max(run["load_average"] for run in runs),
+        "rejected": sum(run["rejected"] for run in runs),
+    }
+
+
+def simulation_table(rows: list[dict[str, Any]], title: str) -> str:
+    """Markdown table of summarised configurations (the first row is the FedAvg baseline)."""
+    baseline = rows[0]["seconds"]
+    lines = [
+        f"**{title}**", "",
+        "| strategy | runs × rounds | s / round (mean; median) | × FedAvg | strategy s / round "
+        "| simulation-process CPU s / round "
+        "| client CPU ms: handler | loss_fn (calls) | train_fn (calls) | MiB sent / round | MiB received / round "
+        "| peak RSS MiB (growth) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.3f}; "
+            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline:.2f} "
+            f"| {row['strategy_seconds']:.3f} | {row['process_cpu_seconds']:.3f} | {row['handler_ms']:.1f} "
+            f"| {row['loss_ms']:.1f} ({row['loss_calls']:.0f}) | {row['train_ms']:.1f} ({row['train_calls']:.2f}) "
+            f"| {row['mib_down']:.2f} | {row['mib_up']:.2f} | {row['rss_mib']:.0f} ({row['rss_growth_mib']:+.0f}) |")
+    per_run = "; ".join(f"{row['label'].split(' (')[0]} " + "/".join(f"{v:.3f}" for v in row["seconds_per_run"])
+                        for row in rows)
+    lines += ["", f"Mean s / round of each run: {per_run}. Highest 1-minute load average at a run's start: "
+                  f"{max(row['load'] for row in rows):.1f} on {os.cpu_count()} CPUs. Rejected replies: "
+                  f"{sum(row['rejected'] for row in rows)}."]
+    return "\n".join(lines)
+
+
+# ====================================================================== in-process compute
+class _LocalGrid:
+    """A Grid whose nodes are this module's ClientApp handlers, called in this process."""
+
+    def __init__(self, num_nodes: int, run_config: dict[str, Any]) -> None:
+        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
+                                          node_config={"partition-id": i, "num-partitions": num_nodes},
+                                          state=RecordDict(), run_config=run_config) for i in range(num_nodes)}
+        self.handler_cpu: list[float] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: Optional[float] = None) -> list[Message]:
+        replies = []
+        for message in messages:
+            handler = client_train if message.metadata.message_type == "train" else client_evaluate
+            begin = time.thread_time()
+            replies.append(handler(message, self.contexts[message.metadata.dst_node_id]))
+            self.handler_cpu.append(time.thread_time() - begin)
+        return replies
+
+
+def in_process(ks: list[int], num_clients: int, rounds: int, warmup: int,
+               local_epochs: int = 1) -> list[dict[str, Any]]:
+    """Rounds driven in this process (no Flower transport): CPU time of the clients and of the strategy."""
+    import logging
+
+    import torch
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    sys.path.insert(0, str(EXAMPLE))
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    # Flower stamps a new Message with the running task's identity: play the ServerApp's.
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    rows = []
+    for strategy_name, num_clusters in [("fedavg", 1)] + [("routing", k) for k in ks]:
+        config = {**APP_CONFIG, "strategy": strategy_name, "num-clusters": num_clusters, "min-nodes": num_clients,
+                  "num-server-rounds": rounds + warmup, "local-epochs": local_epochs}
+        strategy, initial = make_strategy(config)
+        grid = _LocalGrid(num_clients, config)
+        strategy.start(grid, initial, num_rounds=rounds + warmup)
+        strategy.finish()
+        keep = slice(warmup, None)
+        thread_cpu = _deltas(strategy.thread_cpu_marks)[keep]
+        handler = grid.handler_cpu[warmup * num_clients:]
+        clients = [t for round_timings in strategy.client_timings[keep] for t in round_timings]
+        server = [total - sum(handler[i * num_clients:(i + 1) * num_clients]) for i, total in enumerate(thread_cpu)]
+        rows.append({
+            "label": LABELS.get(strategy_name, f"ClusteredRouting K={num_clusters}"),
+            "handler_ms": 1000 * statistics.fmean(handler),
+            "loss_ms": 1000 * statistics.fmean(t["bench-loss"] for t in clients),
+            "train_ms": 1000 * statistics.fmean(t["bench-train"] for t in clients),
+            "train_calls": statistics.fmean(t["bench-train-calls"] for t in clients),
+            "server_ms": 1000 * statistics.fmean(server),
+            "strategy_ms": 1000 * statistics.fmean(strategy.strategy_seconds[keep]),
+            "round_cpu_s": statistics.fmean(thread_cpu),
+        })
+    return rows
+
+
+def in_process_table(rows: list[dict[str, Any]], num_clients: int, rounds: int, local_epochs: int) -> str:
+    baseline = rows[0]
+    lines = [
+        f"**In-process compute, {num_clients} clients, {local_epochs} local epoch(s), mean of {rounds} rounds "
+        "(CPU time, one thread, no Flower transport)**", "",
+        "| strategy | client handler ms | × FedAvg | loss_fn ms | train_fn ms (calls) | rest of handler ms "
+        "| server ms / round (strategy) | CPU s / round | × FedAvg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        rest = row["handler_ms"] - row["loss_ms"] - row["train_ms"]
+        lines.append(
+            f"| {row['label']} | {row['handler_ms']:.1f} | {row['handler_ms'] / baseline['handler_ms']:.2f} "
+            f"| {row['loss_ms']:.1f} | {row['train_ms']:.1f} ({row['train_calls']:.2f}) | {rest:.1f} "
+            f"| {row['server_ms']:.1f} ({row['strategy_ms']:.1f}) | {row['round_cpu_s']:.3f} "
+            f"| {row['round_cpu_s'] / baseline['round_cpu_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def server_breakdown(ks: list[int], num_clients: int) -> str:
+    """CPU time of the parts of one ClusteredRouting round on the server (``num_clients`` replies)."""
+    import timeit
+
+    import numpy as np
+    import torch
+    from flwr.app import ConfigRecord
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedroute import protocol
+    from fedroute.strategies.aggregation import hard_update
+    from fedroute.strategies.records import arrays_of, pack_cluster_models, unpack_cluster_models
+    from fedroute.strategies.validation import validate_train_reply
+
+    sys.path.insert(0, str(EXAMPLE))
+    from digits_app.task import make_model
+
+    torch.set_num_threads(1)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+
+    def cpu_ms(function: Callable[[], Any], number: int = 10) -> float:
+        return 1000 * min(timeit.repeat(function, number=number, repeat=5, timer=time.thread_time)) / number
+
+    class Nodes:
+        def get_node_ids(self) -> list[int]:
+            return list(range(100, 100 + num_clients))
+
+    lines = [f"**Server side of one round, {num_clients} replies (CPU ms, min of 5 × 10 calls)**", "",
+             "| K | `_messages` (K models × nodes) | pack + unpack (every round) | validate replies "
+             "| flatten replies | `hard_update` (`np.add.at`) | one-hot matmul instead | `aggregate_train` total |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for k in ks:
+        strategy = ClusteredRouting(method_settings("exp3", "characters", num_clusters=k),
+                                    min_available_nodes=num_clients)
+        strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
+        messages = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), Nodes())
+        replies = [Message(content=RecordDict({
+            protocol.MODEL: ArrayRecord(make_model(50 + i).state_dict()),
+            protocol.METRICS: MetricRecord({protocol.CLUSTER: i % k, protocol.NUM_EXAMPLES: 96, protocol.CLIENT_ID: i,
+                                            protocol.LOSSES: [2.3] * k, protocol.ROUTE_DISTRIBUTION: [1.0 / k] * k}),
+        }), reply_to=message) for i, message in enumerate(messages)]
+        template = strategy.cluster_models[0]
+        valid = [validate_train_reply(reply.content, k, template) for reply in replies]
+        flat = np.stack([protocol.flatten_arrays(reply.model) for reply in valid])
+        current = np.stack([protocol.flatten_arrays(model) for model in strategy.cluster_models])
+        routes, weights = np.array([reply.cluster for reply in valid]), np.full(len(valid), 96.0)
+
+        def matmul_update() -> np.ndarray:
+            onehot = np.zeros((k, len(routes)))
+            onehot[routes, np.arange(len(routes))] = weights
+            totals, updated = onehot.sum(axis=1), current.copy()
+            updated[totals > 0] = (onehot @ flat)[totals > 0] / totals[totals > 0, None]
+            return updated
+
+        parts = [
+            cpu_ms(lambda: strategy._messages(Nodes().get_node_ids(), "train", {})),
+            cpu_ms(lambda: unpack_cluster_models(pack_cluster_models(strategy.cluster_models), k)),
+            cpu_ms(lambda: [validate_train_reply(reply.content, k, template) for reply in replies]),
+            cpu_ms(lambda: np.stack([protocol.flatten_arrays(reply.model) for reply in valid])),
+            cpu_ms(lambda: hard_update(current, flat, routes, weights)),
+            cpu_ms(matmul_update),
+            cpu_ms(lambda: strategy.aggregate_train(2, replies), number=3),
+        ]
+        lines.append(f"| {k} | " + " | ".join(f"{part:.1f}" for part in parts) + " |")
+    return "\n".join(lines)
+
+
+# ================================================================================ driver
+def write_docs(path: Path, text: str) -> None:
+    """Replace what lies between the ``bench-table`` markers of ``path``."""
+    document = path.read_text()
+    if TABLE_BEGIN not in document or TABLE_END not in document:
+        raise ValueError(f"{path} has no {TABLE_BEGIN} … {TABLE_END} markers")
+    head, rest = document.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    path.write_text(f"{head}{TABLE_BEGIN}\n{text}\n{TABLE_END}{tail}")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=12, help="clients of the small population (all train)")
+    parser.add_argument("--rounds", type=int, default=10, help="measured rounds per run (small population)")
+    parser.add_argument("--warmup", type=int, default=1, help="rounds dropped from the start of every run")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per configuration, interleaved")
+    parser.add_argument("--headline-repeat", type=int, default=3,
+                        help="further interleaved runs of FedAvg and K = 2 (12 clients, 1 epoch): the headline ratio")
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--longer-epochs", type=int, default=5,
+                        help="also compare FedAvg and K = 2 with this many local epochs (0 = skip)")
+    parser.add_argument("--with-evaluate", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run FedAvg with Flower's default per-round evaluation (small population)")
+    parser.add_argument("--large-clients", type=int, default=1000)
+    parser.add_argument("--large-fraction", type=float, default=0.05)
+    parser.add_argument("--large-rounds", type=int, default=3, help="measured rounds per run (large population)")
+    parser.add_argument("--large-ks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--skip-simulation", action="store_true", help="only the in-process measurements")
+    parser.add_argument("--skip-in-process", action="store_true", help="no in-process compute measurement")
+    parser.add_argument("--in-process-rounds", type=int, default=20)
+    parser.add_argument("--skip-breakdown", action="store_true", help="skip the server-side breakdown")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per flwr run")
+    parser.add_argument("--docs", type=Path, help="markdown file whose bench-table section is rewritten")
+    parser.add_argument("--keep", type=Path, help="directory for the raw per-run measurements (JSON)")
+    args = parser.parse_args(argv)
+
+    sections = []
+    if not args.skip_simulation:
+        work = Path(tempfile.mkdtemp(prefix="fedroute-bench-"))
+        results = args.keep or work / "results"
+        results.mkdir(parents=True, exist_ok=True)
+        app = build_app(work)
+        populations = [(args.clients, 1.0, args.rounds, 1,
+                        ["fedavg"] + (["fedavg-evaluate"] if args.with_evaluate else []), args.ks)]
+        if args.longer_epochs:
+            populations.append((args.clients, 1.0, args.rounds, args.longer_epochs, ["fedavg"], [2]))
+        if not args.skip_large:
+            populations.append((args.large_clients, args.large_fraction, args.large_rounds, 1, ["fedavg"],
+                                args.large_ks))
+        try:
+            for num_clients, fraction, rounds, epochs, baselines, ks in populations:
+                configurations = [(name, 1) for name in baselines] + [("routing", k) for k in ks]
+                measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}
+                plan = [configurations] * args.repeat
+                if (num_clients, epochs) == (args.clients, 1) and 2 in ks:
+                    plan += [[("fedavg", 1), ("routing", 2)]] * args.headline_repeat
+                for repeat, round_robin in enumerate(plan):  # interleaved: a busy spell hits all alike
+                    for strategy, num_clusters in round_robin:
+                        begin = time.monotonic()
+                        run = run_configuration(app, results, strategy, num_clusters, num_clients, fraction,
+                                                rounds + args.warmup, args.timeout, epochs)
+                        measured[(strategy, num_clusters)].append(run)
+                        print(f"[{repeat + 1}] {strategy} K={num_clusters}, {num_clients} clients, "
+                              f"{epochs} epoch(s): "
+                              f"{statistics.fmean(run['round_seconds'][args.warmup:]):.3f} s/round "
+                              f"(run {time.monotonic() - begin:.0f} s, load {run['load_average']:.1f})",
+                              file=sys.stderr, flush=True)
+                rows = [summarise(measured[c], args.warmup) for c in configurations]
+                sampled = int(rows[0]["clients_per_round"])
+                sections.append(simulation_table(
+                    rows, f"Flower simulation, {num_clients} clients, {sampled} per round ({fraction:.0%}), "
+                          f"{epochs} local epoch(s); {rounds} measured rounds per run, runs interleaved"))
+        finally:
+            if args.keep is None:
+                shutil.rmtree(work, ignore_errors=True)
+    if not args.skip_in_process:
+        rows = in_process(args.ks, args.clients, args.in_process_rounds, args.warmup)
+        sections.append(in_process_table(rows, args.clients, args.in_process_rounds, 1))
+    if args.longer_epochs and not args.skip_in_process:
+        rows = in_process([2], args.clients, args.in_process_rounds, args.warmup, args.longer_epochs)
+        sections.append(in_process_table(rows, args.clients, args.in_process_rounds, args.longer_epochs))
+    if not args.skip_breakdown:
+        sections.append(server_breakdown(args.ks, args.clients))
+    text = "\n\n".join(sections)
+    print(text)
+    if args.docs:
+        write_docs(args.docs, text)
+
+
+if __name__ == "__main__":
+    main()

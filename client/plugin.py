@@ -1,0 +1,337 @@
+"""Routing for a user's own Flower ClientApp: one call per message handler.
+
+A user with a working Flower app (own torch model, data and training loop)
+switches to clustered routing by swapping the strategy for
+:class:`~fedroute.strategies.clustered.ClusteredRouting` and letting each
+handler of their ClientApp return one of these calls::
+
+    @app.train()
+    def train(msg, context):
+        return routing_train(msg, context, model, train_fn, loss_fn, num_examples)
+
+    @app.evaluate()
+    def evaluate(msg, context):
+        return routing_evaluate(msg, context, model, loss_fn, num_examples, test_loss_fn=test_loss_fn)
+
+    @app.query()
+    def query(msg, context):
+        return routing_query(msg, context, model, loss_fn, num_examples)
+
+Each call reads the ``K`` cluster models and the routing configuration from the
+message, evaluates ``loss_fn`` on every model, runs the client's controller
+step (EXP3 arm choice, route sample, hysteresis episodes, entry test), trains
+the routed model with ``train_fn``, keeps the controller state in
+``Context.state`` and builds the reply in the schema of :mod:`fedroute.protocol`
+(exactly what the built-in ClientApp :mod:`fedroute.client.app` sends).  The
+routing rules are those of :func:`fedroute.client.round.client_round`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from fedroute import protocol
+from fedroute.client.fedcam import fedcam_client_round
+from fedroute.client.round import client_round, provisional_greedy_routes
+from fedroute.client.settings import RoutingSettings
+from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
+from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
+from fedroute.strategies.records import array_record
+
+__all__ = ["routing_train", "routing_evaluate", "routing_query"]
+
+
+# ----------------------------------------------------------------- received side
+def _config(message: Message) -> dict[str, Any]:
+    records = message.content.config_records
+    config = dict(records[protocol.CONFIG].items()) if protocol.CONFIG in records else {}
+    if protocol.RUN_KEY not in config:
+        raise ValueError(f"this {message.metadata.message_type!r} message (records {list(message.content)}) was not "
+                         "sent by fedroute's ClusteredRouting: its ConfigRecord 'config' has no routing keys. "
+                         "Use ClusteredRouting (or FedCAM) as the ServerApp's strategy")
+    return config
+
+
+def _settings(config: dict[str, Any]) -> RoutingSettings:
+    return RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _decoded(array: Array) -> np.ndarray:
+    """An ``Array``'s values without ``np.load`` (read-only view of its bytes).
+
+    ``Array.numpy()`` parses the ``.npy`` header with ``ast.literal_eval``
+    (~0.1 ms per array); the dtype and shape are already fields of the
+    ``Array``, so the payload is read in place.  Anything unusual (another
+    serialisation, Fortran order, a size mismatch) takes ``Array.numpy()``.
+    """
+    data = array.data
+    try:
+        dtype = np.dtype(array.dtype)
+        count = int(np.prod(array.shape, dtype=np.int64))
+        if array.stype != "numpy.ndarray" or data[:6] != _NPY_MAGIC or dtype.hasobject:
+            raise ValueError
+        length_bytes = 2 if data[6] == 1 else 4  # format version 1.0, else 2.0/3.0
+        header_start = 8 + length_bytes
+        offset = header_start + int.from_bytes(data[8:header_start], "little")
+        if b"'fortran_order': False" not in data[header_start:offset] or \
+                len(data) - offset != count * dtype.itemsize:
+            raise ValueError
+        return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(array.shape)
+    except (ValueError, TypeError, IndexError):
+        return array.numpy()
+
+
+def _cluster_models(message: Message, num_clusters: int, client: TorchClient) -> tuple[np.ndarray, dict]:
+    """The ``K`` broadcast models as a (K, P) float64 array, and cluster 0's arrays (the reply template)."""
+    records = message.content.array_records
+    missing = [protocol.cluster_key(k) for k in range(num_clusters) if protocol.cluster_key(k) not in records]
+    if missing:
+        raise ValueError(f"the message lacks the cluster models {missing} (records: {list(message.content)})")
+    template = {name: _decoded(array) for name, array in records[protocol.cluster_key(0)].items()}
+    client.check_template(template)
+    models = np.empty((num_clusters, client.num_parameters))
+    for k in range(num_clusters):
+        arrays = template if k == 0 else {name: _decoded(array)
+                                          for name, array in records[protocol.cluster_key(k)].items()}
+        if k:
+            client.check_template(arrays)
+        offset = 0
+        for value in arrays.values():
+            models[k, offset:offset + value.size] = value.ravel()
+            offset += value.size
+    return models, template
+
+
+def _client_id(context: Context, client_id: Optional[int]) -> int:
+    if client_id is not None:
+        return int(client_id)
+    if "partition-id" not in context.node_config:
+        raise ValueError("no client id: pass client_id=..., or give the node a 'partition-id' "
+                         "(--node-config 'partition-id=<i> num-partitions=<n>'; simulation sets it)")
+    return int(context.node_config["partition-id"])
+
+
+def _num_examples(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord] = None) -> Message:
+    content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
+    if model is not None:
+        content[protocol.MODEL] = model
+    return Message(content=content, reply_to=message)
+
+
+# -------------------------------------------------------------------- handlers
+def routing_train(
+    message: Message,
+    context: Context,
+    model: torch.nn.Module,
+    train_fn: TrainFunction,
+    loss_fn: LossFunction,
+    num_examples: int,
+    *,
+    client_id: Optional[int] = None,
+) -> Message:
+    """One routing round of this client: the reply to a ``TRAIN`` message of ClusteredRouting.
+
+    Losses of all ``K`` broadcast models (``loss_fn``) → controller step
+    (EXP3 arm, route distribution, hard route, hysteresis episode, entry
+    test) → ``train_fn`` on the routed model → reply.
+
+    Parameters
+    ----------
+    message : flwr.app.Message
+        The ``TRAIN`` message (``K`` ArrayRecords ``cluster-0 … cluster-{K-1}``
+        and the ``config`` ConfigRecord).
+    context : flwr.app.Context
+        The ClientApp context; the controller state lives in ``context.state``
+        (and, with node config ``state-dir``, in a file).
+    model : torch.nn.Module
+        The user's module (same architecture as the cluster models).  It is
+        used as a working buffer and holds the trained routed model afterwards.
+    train_fn : callable
+        ``train_fn(model) -> None``: the user's local training, in place, on
+        their data.  Called with the module in ``train()`` mode, once for the
+        routed model and once more per probed cluster when a hysteresis entry
+        test runs (probe results are discarded).
+    loss_fn : callable
+        ``loss_fn(model) -> float``: mean loss on the client's training data.
+        Called once per cluster model, in ``eval()`` mode under ``torch.no_grad()``.
+    num_examples : int
+        Training examples (> 0), the aggregation weight.
+    client_id : int, optional
+        Global client id (≥ 0): the coordinate of the client's random draws and
+        the key of its replies.  Defaults to ``context.node_config["partition-id"]``.
+        Must be unique and stable per client.
+
+    Returns
+    -------
+    flwr.app.Message
+        The reply: ArrayRecord ``model`` (the trained routed model, same names,
+        shapes and dtypes as the broadcast ones) and MetricRecord ``metrics``
+        (``cluster``, ``num-examples``, ``client-id``, ``losses``,
+        ``route-distribution``, ``controller``, ``arm``, ``feedback``,
+        ``entered``, ``released``, ``rounds-played``, ``exp3-log-weights``).
+        For a :class:`~fedroute.strategies.fedcam.FedCAM` message the reply also
+        holds the trained global part (``global-model``).
+
+    Raises
+    ------
+    ValueError
+        If the message is not a ClusteredRouting message, its models do not fit
+        ``model``'s ``state_dict``, or no client id is known.
+    """
+    config = _config(message)
+    settings = _settings(config)
+    client = TorchClient(model, loss_fn, train_fn, num_examples=num_examples,
+                         client_id=_client_id(context, client_id))
+    models, template = _cluster_models(message, settings.num_clusters, client)
+    if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
+        return _train_fedcam(message, config, client, models, template)
+    run_key = str(config[protocol.RUN_KEY])
+    masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
+    round_index, identity = int(config[protocol.ROUND_INDEX]), int(client.client_ids[0])
+    directory = state_directory(context)
+    state = load_agent_state(context, run_key, settings, round_index, identity, directory)
+    result = client_round(client, state, settings, models, masses, round_index, int(config[protocol.SEED]))
+    save_agent_state(context, run_key, result.state, round_index, identity, directory)
+    decision = result.decision
+    trained = protocol.unflatten_arrays(result.trained_models[0], template)
+    return _reply(message, {
+        protocol.CLUSTER: int(decision.routes[0]),
+        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
+        protocol.CLIENT_ID: identity,
+        protocol.LOSSES: [float(v) for v in result.losses[0]],
+        protocol.ROUTE_DISTRIBUTION: [float(v) for v in decision.route_distributions[0]],
+        protocol.CONTROLLER: int(decision.controller[0]),
+        protocol.ARM: int(decision.arm[0]),
+        protocol.FEEDBACK: float(decision.feedback[0]),
+        protocol.ENTERED: int(decision.entered[0]),
+        protocol.RELEASED: int(decision.released[0]),
+        protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
+        protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
+    }, array_record(trained))
+
+
+def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient, models: np.ndarray,
+                  template: dict[str, np.ndarray]) -> Message:
+    """FedCAM: Greedy on the combined parameters ``Θ_glob + Θ_k``, local update of both parts."""
+    if protocol.GLOBAL_MODEL not in message.content.array_records:
+        raise ValueError(f"a FedCAM message needs the ArrayRecord '{protocol.GLOBAL_MODEL}'")
+    global_arrays = {name: _decoded(array)
+                     for name, array in message.content.array_records[protocol.GLOBAL_MODEL].items()}
+    client.check_template(global_arrays)
+    result = fedcam_client_round(client, protocol.flatten_arrays(global_arrays), models,
+                                 int(config[protocol.ROUND_INDEX]))
+    cluster = int(result.routes[0])
+    reply = _reply(message, {
+        protocol.CLUSTER: cluster,
+        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
+        protocol.CLIENT_ID: int(client.client_ids[0]),
+        protocol.LOSSES: [float(v) for v in result.losses[0]],
+        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
+    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)))
+    reply.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
+    return reply
+
+
+def routing_evaluate(
+    message: Message,
+    context: Context,
+    model: torch.nn.Module,
+    loss_fn: LossFunction,
+    num_examples: int,
+    *,
+    test_loss_fn: Optional[LossFunction] = None,
+    client_id: Optional[int] = None,
+    group: int = -1,
+) -> Message:
+    """Controller-free evaluation: the reply to ClusteredRouting's final ``EVALUATE`` message.
+
+    Parameters
+    ----------
+    message : flwr.app.Message
+        The ``EVALUATE`` message (the ``K`` final cluster models).
+    context : flwr.app.Context
+        The ClientApp context.
+    model : torch.nn.Module
+        The user's module (a working buffer).
+    loss_fn : callable
+        ``loss_fn(model) -> float``: mean loss on the training data.
+    num_examples : int
+        Training examples (> 0).
+    test_loss_fn : callable, optional
+        ``test_loss_fn(model) -> float`` on held-out data.  Without it the
+        reported test losses are the training losses.
+    client_id : int, optional
+        As in :func:`routing_train`.
+    group : int, default -1
+        The client's latent group if an experiment knows it (used only for
+        metrics such as assignment accuracy); ``-1`` = unknown.
+
+    Returns
+    -------
+    flwr.app.Message
+        MetricRecord ``metrics``: ``client-id``, ``num-examples``,
+        ``train-losses`` and ``test-losses`` (``K`` values each), ``group``.
+        The strategy keeps them in ``ClusteredRouting.final_evaluation``.
+    """
+    config = _config(message)
+    settings = _settings(config)
+    client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id),
+                         group=group, test_loss_fn=test_loss_fn)
+    models, _ = _cluster_models(message, settings.num_clusters, client)
+    train_losses = client.losses(models, "train")[0]
+    test_losses = client.losses(models, "test")[0] if test_loss_fn is not None else train_losses
+    return _reply(message, {
+        protocol.CLIENT_ID: int(client.client_ids[0]),
+        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
+        protocol.TRAIN_LOSSES: [float(v) for v in train_losses],
+        protocol.TEST_LOSSES: [float(v) for v in test_losses],
+        protocol.GROUP: int(group),
+    })
+
+
+def routing_query(
+    message: Message,
+    context: Context,
+    model: torch.nn.Module,
+    loss_fn: LossFunction,
+    num_examples: int,
+    *,
+    client_id: Optional[int] = None,
+) -> Message:
+    """Synchronized entry, step 1: the reply to ClusteredRouting's provisional ``QUERY`` message.
+
+    Reports the client's Greedy choice (lowest ``loss_fn``) among the ``K``
+    initial models; nothing is trained and no state changes.  Only sent when
+    the routing settings have ``synchronized_entry=True``, but a ClientApp
+    should always register it.
+
+    Parameters
+    ----------
+    message, context, model, loss_fn, num_examples, client_id
+        As in :func:`routing_train`.
+
+    Returns
+    -------
+    flwr.app.Message
+        MetricRecord ``metrics``: ``cluster``, ``num-examples``, ``client-id``.
+    """
+    config = _config(message)
+    settings = _settings(config)
+    client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id))
+    models, _ = _cluster_models(message, settings.num_clusters, client)
+    return _reply(message, {
+        protocol.CLUSTER: int(provisional_greedy_routes(client, models)[0]),
+        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
+        protocol.CLIENT_ID: int(client.client_ids[0]),
+    })

@@ -1,0 +1,241 @@
+"""A user's torch model, data and training loop as a :class:`~fedroute.tasks.base.ClientBatch` of one client.
+
+The routing core works on flat float64 parameter vectors (``(P,)``; ``K``
+models are ``(K, P)``).  :class:`TorchClient` converts between such a vector
+and the module's ``state_dict`` (every parameter *and* buffer, in
+``state_dict`` order, names, shapes and dtypes kept — the same layout as
+``ArrayRecord.from_torch_state_dict``), and calls the user's functions:
+
+* ``loss_fn(model) -> float`` — mean loss of the module on the client's
+  training data (called once per cluster model per round);
+* ``train_fn(model) -> None`` — the user's local training, in place;
+* ``test_loss_fn(model) -> float`` — optional, the held-out loss for the
+  final evaluation.
+
+This is the only fedroute module that imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+__all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "module_arrays"]
+
+LossFunction = Callable[[torch.nn.Module], float]
+"""``loss_fn(model) -> float``: mean loss of ``model`` on this client's data."""
+TrainFunction = Callable[[torch.nn.Module], Any]
+"""``train_fn(model) -> None``: local training of ``model`` in place (the return value is ignored)."""
+
+
+def module_arrays(module: torch.nn.Module) -> dict[str, NDArray]:
+    """The module's ``state_dict`` as named numpy arrays (copies, CPU), in order.
+
+    Raises
+    ------
+    TypeError
+        If a tensor has a dtype numpy cannot hold (e.g. ``bfloat16``).
+    """
+    arrays = {}
+    for name, tensor in module.state_dict().items():
+        try:
+            arrays[name] = tensor.detach().cpu().numpy().copy()
+        except TypeError as error:
+            raise TypeError(f"state_dict entry '{name}' has dtype {tensor.dtype}, which numpy cannot hold; "
+                            "convert the module (e.g. model.float()) before using it with fedroute") from error
+    return arrays
+
+
+def cluster_models_from_torch(modules: Sequence[torch.nn.Module]) -> list:
+    """Initial cluster models for :meth:`ClusteredRouting.start`, one ArrayRecord per module.
+
+    Parameters
+    ----------
+    modules : sequence of torch.nn.Module
+        ``K`` modules of the same architecture (e.g. the same class built
+        with ``K`` different seeds).  Each module's ``state_dict`` (parameters
+        and buffers) becomes one ``ArrayRecord``, names, shapes and dtypes kept.
+
+    Returns
+    -------
+    list of flwr.app.ArrayRecord
+        Pass it as ``initial_arrays`` to ``ClusteredRouting.start``.
+
+    Raises
+    ------
+    ValueError
+        If the modules are fewer than one or their ``state_dict`` layouts differ.
+    """
+    from fedroute.strategies.records import array_record
+
+    modules = list(modules)
+    if not modules:
+        raise ValueError("cluster_models_from_torch needs at least one module")
+    models = [module_arrays(module) for module in modules]
+    reference = _layout(models[0])
+    for index, model in enumerate(models[1:], start=1):
+        if _layout(model) != reference:
+            raise ValueError(f"module {index} has state_dict layout {_layout(model)}; module 0 has {reference}: "
+                             "all cluster models must share one architecture")
+    return [array_record(model) for model in models]
+
+
+def _layout(arrays: dict[str, NDArray]) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(name, tuple(value.shape), str(value.dtype)) for name, value in arrays.items()]
+
+
+class TorchClient:
+    """One client (a batch of one) backed by a torch module and the user's loss and training.
+
+    Implements the :class:`~fedroute.tasks.base.ClientBatch` protocol, so
+    :func:`fedroute.client.round.client_round` runs the whole routing round on
+    it.  The module is a working buffer: every loss evaluation and local update
+    first loads the model in question into it.  After :meth:`local_update`
+    the module holds the last trained model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The user's module (on any device; its ``state_dict`` layout defines
+        the parameter vector).
+    loss_fn : callable
+        ``loss_fn(model) -> float``, the mean training loss.  Called with the
+        module in ``eval()`` mode under ``torch.no_grad()``.
+    train_fn : callable, optional
+        ``train_fn(model) -> None``, local training in place.  Called with the
+        module in ``train()`` mode.  Needed only for :meth:`local_update`.
+    num_examples : int
+        Training examples ``n_i`` (> 0): the client's aggregation weight.
+    client_id : int
+        Global client id (≥ 0), the coordinate of the client's random draws.
+    group : int, default -1
+        Latent group label for evaluation metrics only (``-1`` = unknown).
+    test_loss_fn : callable, optional
+        ``test_loss_fn(model) -> float`` on held-out data; ``losses(..., "test")``
+        falls back to ``loss_fn`` without it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        loss_fn: LossFunction,
+        train_fn: Optional[TrainFunction] = None,
+        *,
+        num_examples: int,
+        client_id: int = 0,
+        group: int = -1,
+        test_loss_fn: Optional[LossFunction] = None,
+    ) -> None:
+        if isinstance(num_examples, bool) or not float(num_examples) > 0:
+            raise ValueError(f"num_examples = {num_examples!r} is invalid; allowed: a number > 0")
+        if int(client_id) != client_id or client_id < 0:
+            raise ValueError(f"client_id = {client_id!r} is invalid; allowed: an integer ≥ 0")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.train_fn = train_fn
+        self.test_loss_fn = test_loss_fn
+        self.client_ids = np.array([int(client_id)], dtype=np.int64)
+        self.groups = np.array([int(group)], dtype=np.int64)
+        self.num_examples = np.array([num_examples])
+        state = model.state_dict()
+        self._names = list(state)
+        self._shapes = [tuple(tensor.shape) for tensor in state.values()]
+        self._sizes = [int(tensor.numel()) for tensor in state.values()]
+        self.num_parameters = int(sum(self._sizes))
+
+    # ------------------------------------------------------------ conversions
+    @property
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(name, shape)`` of every ``state_dict`` entry, in order."""
+        return list(zip(self._names, self._shapes))
+
+    def check_template(self, template: dict[str, NDArray]) -> None:
+        """Raise ``ValueError`` unless ``template`` (a received model) fits the module's ``state_dict``."""
+        received = [(name, tuple(value.shape)) for name, value in template.items()]
+        if received != self.layout:
+            raise ValueError(
+                f"the server's cluster models have arrays {received}, but the module's state_dict has "
+                f"{self.layout}; build the initial models from this architecture with "
+                "fedroute.cluster_models_from_torch")
+
+    def to_vector(self) -> NDArray[np.float64]:
+        """The module's current ``state_dict`` as one flat float64 vector."""
+        state = self.model.state_dict()
+        return np.concatenate([state[name].detach().cpu().reshape(-1).double().numpy() for name in self._names]) \
+            if self._names else np.zeros(0)
+
+    def load_vector(self, vector: NDArray[np.floating]) -> None:
+        """Copy a flat vector into the module's parameters and buffers (dtypes and devices kept)."""
+        vector = np.asarray(vector)
+        if vector.shape != (self.num_parameters,):
+            raise ValueError(f"vector has shape {vector.shape}; the module needs ({self.num_parameters},)")
+        state = self.model.state_dict()
+        targets = [state[name] for name in self._names]
+        source = torch.from_numpy(np.ascontiguousarray(vector))
+        dtypes = {target.dtype for target in targets}
+        if len(dtypes) == 1:  # the usual case: one conversion for the whole vector
+            source = source.to(dtype=dtypes.pop())
+        offset = 0
+        with torch.no_grad():
+            for target, shape, size in zip(targets, self._shapes, self._sizes):
+                target.copy_(source[offset:offset + size].view(shape))
+                offset += size
+
+    # ------------------------------------------------------ ClientBatch protocol
+    def _mean_loss(self, loss_fn: LossFunction) -> float:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                value = loss_fn(self.model)
+        finally:
+            self.model.train(was_training)
+        return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+    def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
+        """Mean loss of each of the ``K`` models: ``(K, P)`` or ``(1, K, P)`` → ``(1, K)``.
+
+        ``split = "test"`` uses ``test_loss_fn`` (``loss_fn`` if none was given).
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split = {split!r} is invalid; allowed: 'train', 'test'")
+        models = np.asarray(cluster_models)
+        if models.ndim == 3:
+            if models.shape[0] != 1:
+                raise ValueError(f"a TorchClient is one client; got {models.shape[0]} model sets")
+            models = models[0]
+        loss_fn = self.test_loss_fn if split == "test" and self.test_loss_fn is not None else self.loss_fn
+        values = np.empty((1, len(models)))
+        for k, vector in enumerate(models):
+            self.load_vector(vector)
+            values[0, k] = self._mean_loss(loss_fn)
+        return values
+
+    def local_update(
+        self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
+    ) -> NDArray[np.float64]:
+        """``train_fn`` applied to each row of ``models`` (all rows belong to this one client).
+
+        Several rows occur when an entry test probes candidate clusters
+        (those probe updates are discarded by the routing core).
+        """
+        if self.train_fn is None:
+            raise ValueError("this TorchClient has no train_fn; pass train_fn to train")
+        models = np.asarray(models)
+        if np.any(np.asarray(client_index) != 0):
+            raise ValueError(f"a TorchClient is one client (index 0); got indices {np.asarray(client_index)}")
+        trained = np.empty((len(models), self.num_parameters))
+        for row, vector in enumerate(models):
+            self.load_vector(vector)
+            was_training = self.model.training
+            self.model.train()
+            try:
+                self.train_fn(self.model)
+            finally:
+                self.model.train(was_training)
+            trained[row] = self.to_vector()
+        return trained

@@ -1,0 +1,183 @@
+"""Tests of E4 (paper Figure 2 e–h, Appendix B.3): ``fedroute reproduce characters --quick``.
+
+The quick grid is α ∈ {0.55, 0.70} × data seed 0 × selector seed 0, ``T = 60``
+(8 runs); it runs once per module, in this process.
+"""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedroute.simulation.cli import REPRODUCE_COMMANDS, main
+from fedroute.simulation.experiments.characters import (
+    METHODS,
+    RECOVERY_COLUMNS,
+    ROUNDS_COLUMNS,
+    RUNS_COLUMNS,
+    CharactersExperimentConfig,
+    horizon_check,
+    make_characters_task,
+    method_spec,
+    reduce_characters,
+)
+from fedroute.simulation.simulator import simulate, simulate_batch
+from fedroute.tasks.characters import ENTRY_THRESHOLD
+
+QUICK = CharactersExperimentConfig.quick()
+FIGURES = ("fig2e", "fig2f", "fig2g", "fig2h")
+AUDIT_COLUMNS = ("alpha", "data_seed", "A00", "A01", "A10", "A11", "K0", "paper_pattern")
+
+
+@pytest.fixture(scope="module")
+def quick_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("characters")
+    assert main(["reproduce", "characters", "--quick", "--out", str(out)]) == 0
+    return out / "characters"
+
+
+@pytest.fixture(scope="module")
+def runs(quick_out) -> pd.DataFrame:
+    return pd.read_parquet(quick_out / "runs.parquet")
+
+
+def test_registered_and_the_full_config_is_the_papers():
+    assert "characters" in REPRODUCE_COMMANDS
+    full = CharactersExperimentConfig()
+    assert full.alphas == (0.45, 0.50, 0.55, 0.60, 0.65, 0.70) and full.rounds == 800
+    assert full.data_seeds == (0, 1, 2) and full.selector_seeds == (0, 1, 2)
+    assert {m: len(full.cells(m)) for m in METHODS} == {"greedy": 18, "fedcam": 18, "exp3": 54, "sync-entry": 54}
+    assert full.representative == (0.60, 1, 0) and full.sustained_window == 20
+    assert full.kept_rounds() == [0, *range(781, 801)]
+    sync, exp3 = full.routing("sync-entry"), full.routing("exp3")
+    assert (sync.hysteresis_max_rounds, exp3.hysteresis_max_rounds) == (800, 160)
+    assert sync.synchronized_entry and not exp3.synchronized_entry
+    for settings in (sync, exp3):
+        assert settings.controllers == ("gr", "hys") and settings.exp3_mode == "action"
+        assert (settings.hysteresis_min_rounds, settings.hysteresis_exit_gap, settings.reversal_mass_threshold,
+                settings.exp3_learning_rate, settings.exp3_exploration) == (5, 0.005, 0.20, 2.0, 0.001)
+        assert settings.entry_threshold == ENTRY_THRESHOLD
+    assert full.routing("greedy").controllers == ("gr",) == full.routing("fedcam").controllers
+    for bad in (dict(alphas=()), dict(alphas=(0.5, 1.5)), dict(rounds=1), dict(sustained_window=0),
+                dict(methods=("greedy", "ifca")), dict(chunk_sizes=(("greedy", 0),)), dict(learning_rate=-1.0)):
+        with pytest.raises(ValueError):
+            CharactersExperimentConfig(**bad)
+
+
+def test_cli_writes_every_file_with_the_right_columns(quick_out):
+    for stem, columns in (("runs", RUNS_COLUMNS), ("recovery", RECOVERY_COLUMNS), ("rounds", ROUNDS_COLUMNS)):
+        for suffix, read in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
+            assert tuple(read(quick_out / f"{stem}{suffix}").columns) == columns, (stem, suffix)
+    for suffix, read in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
+        audit = read(quick_out / f"round_zero{suffix}")
+        assert tuple(audit.columns[:len(AUDIT_COLUMNS)]) == AUDIT_COLUMNS
+        assert len(audit) == len(QUICK.alphas) * len(QUICK.data_seeds)
+    for stem in FIGURES:
+        for suffix in (".png", ".pdf"):
+            assert (quick_out / "figures" / f"{stem}{suffix}").stat().st_size > 1000
+    claims = json.loads((quick_out / "claims.json").read_text())
+    assert len(claims) == 10
+    assert all(set(claim) == {"claim", "paper", "measured", "holds"} for claim in claims)
+    assert all(claim["holds"] in (True, False) for claim in claims)  # every method ran
+    assert any("42" in claim["paper"] for claim in claims)
+    config = json.loads((quick_out / "config.json").read_text())
+    assert config["rounds"] == QUICK.rounds and config["alphas"] == list(QUICK.alphas)
+    assert "parameter" in config["derived"]["fedcam"] and "NOT" in config["derived"]["fedcam"]
+    assert config["derived"]["routing"]["sync-entry"]["hysteresis_max_rounds"] == 800
+    assert config["derived"]["total_runs"] == 8
+    # the representative run, re-simulated alone, ends where the sweep's run of that cell ended
+    assert config["representative_run"]["rerun_matches_sweep"] == {m: True for m in METHODS}
+
+
+def test_runs_table_has_one_row_per_method_and_cell(runs):
+    assert len(runs) == sum(len(QUICK.cells(m)) for m in METHODS) == 8
+    keys = ["method", "alpha", "data_seed", "selector_seed"]
+    assert not runs.duplicated(keys).any()
+    for method in METHODS:
+        expected = [{k: cell[k] for k in keys[1:]} for cell in QUICK.cells(method)]
+        assert runs.loc[runs["method"] == method, keys[1:]].to_dict("records") == expected
+    assert (runs.loc[runs["method"].isin(["greedy", "fedcam"]), "selector_seed"] == -1).all()
+    # W^0 is shared by the methods of a cell: the round-zero facts agree
+    by_method = {m: t.set_index(["alpha", "data_seed"]) for m, t in runs.groupby("method")}
+    for method in METHODS:
+        pd.testing.assert_series_equal(by_method[method]["round0_attraction"],
+                                       by_method["greedy"]["round0_attraction"])
+    assert (runs["round0_attraction"] == "[[1.0, 0.0], [1.0, 0.0]]").all()  # the paper's A^0 (quick cells)
+
+
+def test_recovery_levels_are_consistent(runs, quick_out):
+    for level in ("training", "joint", "sustained", "exact", "two_usable_test"):
+        assert runs[level].dtype == bool
+    assert (runs["training"] == (runs["k_train"] == 2)).all()
+    assert (runs["joint"] == ((runs["k_train"] == 2) & (runs["k_test"] == 2))).all()
+    assert (runs["two_usable_test"] == (runs["k_test"] == 2)).all()
+    assert (~runs["exact"] | runs["joint"]).all() and (~runs["joint"] | runs["training"]).all()
+    assert (~runs["sustained"] | runs["joint"]).all()
+    assert (runs["exact"] == (runs["joint"] & (runs["accuracy_train"] == 1) & (runs["accuracy_test"] == 1))).all()
+    assert runs[["accuracy_train", "accuracy_test"]].stack().between(0.5, 1.0).all()
+    assert runs["rounds_both_routed"].between(0, QUICK.rounds).all()
+    recovery = pd.read_parquet(quick_out / "recovery.parquet")
+    for _, row in recovery.iterrows():
+        part = runs[(runs["method"] == row["method"]) & (runs["alpha"] == row["alpha"])]
+        assert row["runs"] == len(part)
+        assert row["pr_two_usable_test"] == part["two_usable_test"].mean()
+        for level in ("training", "joint", "sustained", "exact"):
+            assert row[level] == part[level].sum()
+    assert (recovery["exact"] <= recovery["joint"]).all() and (recovery["joint"] <= recovery["training"]).all()
+    assert (recovery["sustained"] <= recovery["joint"]).all()
+    rounds = pd.read_parquet(quick_out / "rounds.parquet")
+    assert len(rounds) == len(METHODS) * (QUICK.rounds + 1)
+    baselines = rounds[rounds["method"].isin(["greedy", "fedcam"]) & (rounds["round"] < QUICK.rounds)]
+    assert (baselines["route_clusters"] == 1).all()  # collapsed start, Greedy routing: one model in use
+
+
+def test_reduce_picks_the_window_from_a_full_trajectory():
+    """The sweep's reduce gives the same row from the kept states as from every state."""
+    config = CharactersExperimentConfig.quick(rounds=8, sustained_window=3)
+    cell = config.cells("exp3")[0]
+    task = make_characters_task(cell, **config.task_settings())
+    settings = config.routing("exp3")
+    full = simulate_batch([task], settings, config.rounds, [cell["seed"]])
+    kept = simulate_batch([task], settings, config.rounds, [cell["seed"]], model_rounds=config.kept_rounds())
+    rows = [reduce_characters(h, [task], [cell], num_rounds=8, window=3) for h in (full, kept)]
+    pd.testing.assert_frame_equal(rows[0], rows[1])
+    with pytest.raises(ValueError, match="states"):
+        reduce_characters(kept, [task], [cell], num_rounds=8, window=4)
+
+
+@pytest.mark.parametrize("method", ["sync-entry", "exp3", "fedcam"])
+def test_a_cell_in_a_batch_equals_the_cell_alone(method):
+    """Batch = single: one cell inside a batch of three runs (other α and selector seeds) gives the same
+    routes, masses and models as ``simulate`` of that cell alone (FedCAM: its simulator on a batch of one).
+    Equal to the bit here; the full grid's representative run, re-simulated alone, also matched its sweep."""
+    config = CharactersExperimentConfig.quick(rounds=12, sustained_window=5)
+    cells = [{"alpha": 0.55, "data_seed": 0, "selector_seed": 1, "seed": 1},
+             {"alpha": 0.70, "data_seed": 0, "selector_seed": 0, "seed": 0},
+             {"alpha": 0.60, "data_seed": 0, "selector_seed": 2, "seed": 2}]
+    tasks = [make_characters_task(cell, **config.task_settings()) for cell in cells]
+    spec = method_spec(method, config, model_rounds=range(config.rounds + 1))
+    batch = spec.simulate(tasks, spec.settings, config.rounds, [cell["seed"] for cell in cells])
+    for index, (task, cell) in enumerate(zip(tasks, cells)):
+        if method == "fedcam":
+            one = spec.simulate([task], spec.settings, config.rounds, [cell["seed"]])
+            alone_routes, alone_masses, alone_models = one.routes[:, 0], one.masses[:, 0], one.cluster_models[:, 0]
+        else:
+            alone = simulate(task, spec.settings, config.rounds, cell["seed"])
+            alone_routes, alone_masses, alone_models = alone.routes, alone.masses, alone.cluster_models
+            assert batch.entered[:, index].sum() == alone.entered.sum()
+        np.testing.assert_array_equal(batch.routes[:, index], alone_routes)
+        np.testing.assert_array_equal(batch.masses[:, index], alone_masses)
+        np.testing.assert_array_equal(batch.cluster_models[:, index], alone_models)
+    if method == "sync-entry":  # the round-0 entry happened (transformed clients at α = 0.70 qualify)
+        assert batch.entered[0, 1] > 0
+
+
+def test_horizon_check_continues_the_runs_with_the_same_settings():
+    config = CharactersExperimentConfig.quick()
+    table = horizon_check(config, methods=("sync-entry",), alphas=(0.70,), data_seed=0, selector_seed=0,
+                          rounds=10, every=5)
+    assert table["round"].tolist() == [0, 5, 10] and (table["method"] == "sync-entry").all()
+    assert np.isnan(table["to_cluster1_transformed"].iloc[-1])
+    assert table["to_cluster1_transformed"].iloc[0] > 0  # transformed clients entered at round 0 (α = 0.70)
+    assert (table["loss_transformed_w1"].diff().dropna() < 0).all()  # the specialist is being trained

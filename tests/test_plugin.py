@@ -1,0 +1,351 @@
+"""The plugin API: a user's torch model, loss and training loop under ClusteredRouting.
+
+Most tests run the real strategy in this process: :class:`InProcessGrid`
+hands every message the strategy sends to the user's ClientApp handlers (one
+``Context`` per node, kept across rounds, as Flower keeps it) and returns
+their replies.  The routing must be exactly the project's: a torch linear
+model whose ``loss_fn``/``train_fn`` restate the linear task gives the same
+routes every round and the same models as the batched simulator.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
+
+import fedroute
+from fedroute import (
+    ClusteredRouting,
+    FedCAM,
+    RoutingSettings,
+    cluster_models_from_torch,
+    method_settings,
+    routing_evaluate,
+    routing_query,
+    routing_train,
+)
+from fedroute import protocol
+from fedroute.client.torch_adapter import TorchClient
+from fedroute.simulation.fedcam import simulate_fedcam_batch
+from fedroute.simulation.simulator import simulate
+from fedroute.strategies.records import pack_cluster_models
+from fedroute.strategies.validation import (
+    validate_evaluate_reply,
+    validate_provisional_reply,
+    validate_train_reply,
+)
+from fedroute.tasks.linear import LinearTask
+
+PUBLIC_API = {"ClusteredRouting", "FedCAM", "RoutingSettings", "method_settings", "cluster_models_from_torch",
+              "routing_train", "routing_evaluate", "routing_query", "__version__"}
+
+
+# ----------------------------------------------------------------------------- harness
+@pytest.fixture(autouse=True)
+def task_identity() -> Iterator[None]:
+    """Flower stamps new messages with the running task's identity; give this process one (a ServerApp's)."""
+    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    yield
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
+
+
+Handler = Callable[[Message, Context], Message]
+
+
+class InProcessGrid:
+    """A Flower ``Grid`` whose nodes are handler functions in this process.
+
+    Node ``1000 + i`` has ``node_config = {partition-id: i, num-partitions: n}``
+    and keeps its ``Context`` (hence ``context.state``) across messages.
+    """
+
+    def __init__(self, handlers: dict[str, Handler], num_nodes: int) -> None:
+        self.handlers = handlers
+        self.contexts = {
+            1000 + i: Context(run_id=1, node_id=1000 + i, node_config={"partition-id": i, "num-partitions": num_nodes},
+                              state=RecordDict(), run_config={})
+            for i in range(num_nodes)
+        }
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
+        replies = []
+        for message in messages:
+            self.sent.append(message)
+            handler = self.handlers[message.metadata.message_type]
+            replies.append(handler(message, self.contexts[message.metadata.dst_node_id]))
+        return replies
+
+
+class LinearModel(torch.nn.Module):
+    """``x ↦ xᵀw`` in float64 (the linear task's model as a torch module)."""
+
+    def __init__(self, dimension: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(dimension, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+def linear_user_app(task: LinearTask, calls: dict[str, int] | None = None) -> dict[str, Handler]:
+    """A user's ClientApp for the linear task: own data, loss and training loop, one fedroute call per handler."""
+    samples = task.samples(np.arange(task.num_clients))
+    calls = calls if calls is not None else {}
+
+    def data(context: Context) -> tuple[torch.Tensor, ...]:
+        i = int(context.node_config["partition-id"])
+        return tuple(torch.from_numpy(np.ascontiguousarray(a[i])) for a in (
+            samples.train_inputs, samples.train_targets, samples.test_inputs, samples.test_targets))
+
+    def loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+        return float(0.5 * torch.mean((model(x) - y) ** 2))
+
+    def make_train_fn(x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.nn.Module], None]:
+        def train_fn(model: torch.nn.Module) -> None:
+            calls["train_fn"] = calls.get("train_fn", 0) + 1
+            optimizer = torch.optim.SGD(model.parameters(), lr=task.learning_rate)
+            for _ in range(task.local_steps):
+                optimizer.zero_grad()
+                (0.5 * torch.mean((model(x) - y) ** 2)).backward()
+                optimizer.step()
+        return train_fn
+
+    def train(message: Message, context: Context) -> Message:
+        x, y, _, _ = data(context)
+        return routing_train(message, context, LinearModel(task.dimension), make_train_fn(x, y),
+                             lambda model: loss(model, x, y), num_examples=len(y))
+
+    def evaluate(message: Message, context: Context) -> Message:
+        x, y, x_test, y_test = data(context)
+        return routing_evaluate(message, context, LinearModel(task.dimension), lambda model: loss(model, x, y),
+                                num_examples=len(y), test_loss_fn=lambda model: loss(model, x_test, y_test),
+                                group=int(samples.groups[int(context.node_config["partition-id"])]))
+
+    def query(message: Message, context: Context) -> Message:
+        x, y, _, _ = data(context)
+        return routing_query(message, context, LinearModel(task.dimension), lambda model: loss(model, x, y),
+                             num_examples=len(y))
+
+    return {MessageType.TRAIN: train, MessageType.EVALUATE: evaluate, MessageType.QUERY: query}
+
+
+def linear_initial_models(task: LinearTask, num_clusters: int) -> list[ArrayRecord]:
+    modules = []
+    for model in task.initial_models(num_clusters):
+        module = LinearModel(task.dimension)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(model))
+        modules.append(module)
+    return cluster_models_from_torch(modules)
+
+
+TASK = LinearTask(num_clients=8, samples_per_client=20, test_samples_per_client=10, init="collapsed", seed=2)
+
+
+# ------------------------------------------------------------------------------- tests
+def test_import_fedroute_is_cheap_and_exports_only_the_public_api() -> None:
+    probe = """
+import sys
+import fedroute
+assert "torch" not in sys.modules and "flwr" not in sys.modules, "import fedroute must stay cheap"
+print(sorted(fedroute.__all__))
+import fedroute.client.app, fedroute.server.app
+assert "torch" not in sys.modules, "the linear app must not import torch"
+from fedroute import ClusteredRouting, RoutingSettings, method_settings
+assert "torch" not in sys.modules
+"""
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert set(ast.literal_eval(completed.stdout)) == PUBLIC_API
+    for name in PUBLIC_API - {"__version__"}:
+        assert getattr(fedroute, name).__doc__, name
+    assert set(dir(fedroute)) >= PUBLIC_API
+    with pytest.raises(AttributeError):
+        fedroute.TorchClient  # noqa: B018 - internal, not exported
+
+
+def test_torch_client_keeps_names_shapes_dtypes_and_buffers() -> None:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Flatten(),
+                                 torch.nn.Linear(12, 2))
+    module(torch.randn(4, 1, 4, 4))  # moves the BatchNorm running statistics and its int64 counter
+    client = TorchClient(module, lambda m: 0.0, num_examples=4, client_id=3)
+    vector = client.to_vector()
+    assert vector.dtype == np.float64 and vector.shape == (client.num_parameters,)
+    (record,) = cluster_models_from_torch([module])
+    reference = ArrayRecord.from_torch_state_dict(module.state_dict())
+    assert list(record) == list(reference)
+    for name in record:
+        np.testing.assert_array_equal(record[name].numpy(), reference[name].numpy())
+        assert record[name].numpy().dtype == reference[name].numpy().dtype
+    assert record["1.num_batches_tracked"].numpy().dtype == np.int64
+    copy = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Flatten(),
+                               torch.nn.Linear(12, 2))
+    TorchClient(copy, lambda m: 0.0, num_examples=4).load_vector(vector)
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(copy.state_dict()[name], tensor), name
+
+
+def test_torch_client_losses_in_eval_mode_without_gradients() -> None:
+    seen = []
+
+    def loss_fn(model: torch.nn.Module) -> torch.Tensor:
+        seen.append((model.training, torch.is_grad_enabled()))
+        return model.weight.sum()
+
+    module = LinearModel(3)
+    client = TorchClient(module, loss_fn, num_examples=1)
+    losses = client.losses(np.array([[1.0, 2.0, 3.0], [0.0, 0.0, -1.0]]))
+    np.testing.assert_allclose(losses, [[6.0, -1.0]])
+    assert seen == [(False, False), (False, False)] and module.training
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(12, dtype=np.float32).reshape(3, 4), np.array(2.5), np.zeros((0, 3)), np.arange(5, dtype=np.int64),
+    np.array([True, False]), np.arange(4, dtype=">f4"), np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+])
+def test_received_arrays_decode_like_flower(value: np.ndarray) -> None:
+    """The plugin reads Array payloads in place (no np.load); the result equals ``Array.numpy()``."""
+    from fedroute.client.plugin import _decoded
+
+    array = Array(value)
+    decoded, reference = _decoded(array), array.numpy()
+    assert decoded.dtype == reference.dtype and decoded.shape == reference.shape
+    np.testing.assert_array_equal(decoded, reference)
+
+
+def test_cluster_models_of_different_architectures_are_refused() -> None:
+    with pytest.raises(ValueError, match="one architecture"):
+        cluster_models_from_torch([LinearModel(3), LinearModel(4)])
+    with pytest.raises(ValueError, match="at least one"):
+        cluster_models_from_torch([])
+
+
+def test_routing_train_reply_has_the_builtin_schema_and_is_accepted() -> None:
+    task = LinearTask(num_clients=4, seed=1)
+    strategy = ClusteredRouting(method_settings("exp3", "linear"), min_available_nodes=4, seed=5)
+    initial = linear_initial_models(task, 2)
+    strategy.cluster_models = [{name: a.numpy() for name, a in record.items()} for record in initial]
+    grid = InProcessGrid(linear_user_app(task), 4)
+    (message, *_) = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), grid)
+    context = grid.contexts[message.metadata.dst_node_id]
+    reply = grid.handlers[MessageType.TRAIN](message, context)
+    assert set(reply.content) == {protocol.METRICS, protocol.MODEL}
+    validated = validate_train_reply(reply.content, 2, strategy.cluster_models[0])
+    assert validated.client_id == 0 and validated.num_examples == task.samples_per_client
+    # the same keys as the built-in ClientApp's reply (client/app.py) to the same message
+    from fedroute.client.app import train as builtin_train
+
+    run_config = {"task": "linear", "num-clients": 4, "seed": 1}
+    builtin_context = Context(run_id=1, node_id=1000, node_config={"partition-id": 0, "num-partitions": 4},
+                              state=RecordDict(), run_config=run_config)
+    builtin = builtin_train(message, builtin_context)
+    assert set(reply.content[protocol.METRICS]) == set(builtin.content[protocol.METRICS])
+    for key, value in builtin.content[protocol.METRICS].items():
+        assert type(reply.content[protocol.METRICS][key]) is type(value), key
+    # the controller state lives in Context.state, under the run key
+    assert [key for key in context.state if key.startswith(protocol.STATE_PREFIX)] == \
+        [f"{protocol.STATE_PREFIX}{strategy.run_key}@0"]
+
+
+@pytest.mark.parametrize("method", ["exp3", "sync-entry"])
+def test_plugin_client_makes_the_simulator_routes_and_models(method: str) -> None:
+    """The user's torch ClientApp + ClusteredRouting == the batched simulator (same routes, same models)."""
+    num_rounds = 12
+    overrides = {"entry_threshold": 1.0, "hysteresis_min_rounds": 3, "block_length": 3} if method == "sync-entry" \
+        else {"block_length": 3}
+    routing = method_settings(method, "linear", **overrides)
+    calls: dict[str, int] = {}
+    grid = InProcessGrid(linear_user_app(TASK, calls), TASK.num_clients)
+    strategy = ClusteredRouting(routing, min_available_nodes=TASK.num_clients, seed=7, run_key=method)
+    strategy.start(grid, linear_initial_models(TASK, routing.num_clusters), num_rounds=num_rounds)
+    history = simulate(TASK, routing, num_rounds, 7)
+    routes = np.array([[strategy.client_routes[t][c] for c in range(TASK.num_clients)] for t in range(num_rounds)])
+    np.testing.assert_array_equal(routes, history.routes)
+    final = np.stack([model["weight"] for model in strategy.cluster_models])
+    np.testing.assert_allclose(final, history.cluster_models[-1], atol=1e-9, rtol=0)
+    assert not strategy.rejected
+    assert sorted(r.client_id for r in strategy.final_evaluation) == list(range(TASK.num_clients))
+    assert all(r.group == r.client_id % 2 for r in strategy.final_evaluation)
+    if method == "sync-entry":
+        assert history.entered.any(), "the configuration must exercise synchronized entry"
+        assert any(m.metadata.message_type == MessageType.QUERY for m in grid.sent)
+        # entry tests probe candidate clusters with the user's train_fn (probe updates are discarded)
+        assert calls["train_fn"] > num_rounds * TASK.num_clients
+
+
+def test_plugin_client_under_fedcam_makes_the_simulator_models() -> None:
+    routing = method_settings("fedcam", "linear")
+    grid = InProcessGrid(linear_user_app(TASK), TASK.num_clients)
+    strategy = FedCAM(routing, min_available_nodes=TASK.num_clients, seed=3)
+    strategy.start(grid, linear_initial_models(TASK, 2), num_rounds=6)
+    batch = simulate_fedcam_batch([TASK], routing, 6, [3])
+    routes = np.array([[strategy.client_routes[t][c] for c in range(TASK.num_clients)] for t in range(6)])
+    np.testing.assert_array_equal(routes, batch.routes[:, 0])
+    # the simulator records the combined predictors Θ_glob + Θ_k
+    np.testing.assert_allclose(np.stack([m["weight"] for m in strategy.combined_models()]),
+                               batch.cluster_models[-1, 0], atol=1e-9, rtol=0)
+    assert not strategy.rejected
+
+
+def test_evaluate_and_query_replies() -> None:
+    task = LinearTask(num_clients=2, seed=4)
+    handlers = linear_user_app(task)
+    strategy = ClusteredRouting(method_settings("sync-entry", "linear"), min_available_nodes=2)
+    strategy.cluster_models = [{name: a.numpy() for name, a in r.items()} for r in linear_initial_models(task, 2)]
+    strategy._num_rounds = 3
+    grid = InProcessGrid(handlers, 2)
+    packed = pack_cluster_models(strategy.cluster_models)
+    (message, _) = strategy.configure_evaluate(3, packed, ConfigRecord(), grid)
+    reply = handlers[MessageType.EVALUATE](message, grid.contexts[message.metadata.dst_node_id])
+    evaluated = validate_evaluate_reply(reply.content, 2)
+    clients = task.clients(np.array([0]))
+    models = np.stack([m["weight"] for m in strategy.cluster_models])
+    np.testing.assert_allclose(evaluated.train_losses, clients.losses(models, "train")[0], rtol=1e-12)
+    np.testing.assert_allclose(evaluated.test_losses, clients.losses(models, "test")[0], rtol=1e-12)
+    assert evaluated.group == 0 and not reply.content.array_records
+    (query, _) = strategy._messages([1000, 1001], MessageType.QUERY, {protocol.PHASE: protocol.PHASE_PROVISIONAL,
+                                                                      protocol.SERVER_ROUND: 0,
+                                                                      protocol.ROUND_INDEX: 0})
+    report = validate_provisional_reply(
+        handlers[MessageType.QUERY](query, grid.contexts[1000]).content, 2)
+    assert report.cluster == int(np.argmin(clients.losses(models)[0])) and report.client_id == 0
+    assert not list(grid.contexts[1000].state), "a provisional report changes no state"
+
+
+def test_routing_train_explains_what_is_wrong() -> None:
+    task = LinearTask(num_clients=2, seed=4)
+    strategy = ClusteredRouting(RoutingSettings(num_clusters=2), min_available_nodes=2)
+    strategy.cluster_models = [{name: a.numpy() for name, a in r.items()} for r in linear_initial_models(task, 2)]
+    grid = InProcessGrid({}, 2)
+    (message, _) = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), grid)
+    context = grid.contexts[1000]
+    loss = lambda model: 0.0  # noqa: E731
+    with pytest.raises(ValueError, match="cluster_models_from_torch"):
+        routing_train(message, context, LinearModel(task.dimension + 1), lambda m: None, loss, 10)
+    no_id = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="client_id"):
+        routing_train(message, no_id, LinearModel(task.dimension), lambda m: None, loss, 10)
+    reply = routing_train(message, no_id, LinearModel(task.dimension), lambda m: None, loss, 10, client_id=42)
+    assert reply.content[protocol.METRICS][protocol.CLIENT_ID] == 42
+    fedavg_like = Message(content=RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord({"lr": 0.1})}),
+                          dst_node_id=1000, message_type=MessageType.TRAIN)
+    with pytest.raises(ValueError, match="ClusteredRouting"):
+        routing_train(fedavg_like, context, LinearModel(task.dimension), lambda m: None, loss, 10)
+    with pytest.raises(ValueError, match="num_examples"):
+        routing_train(message, context, LinearModel(task.dimension), lambda m: None, loss, 0)
