@@ -105,7 +105,8 @@ def main() -> None:
     loop_total, checked = 0.0, True
     print(f"per-client loop: {args.loop_runs} runs per method x {args.loop_rounds} rounds, one client per call")
     for method in config.methods:
-        spec = method_spec(method, replace(config, rounds=args.loop_rounds), model_rounds=[args.loop_rounds])
+        spec = method_spec(method, replace(config, rounds=args.loop_rounds, sustained_window=1),
+                           model_rounds=[args.loop_rounds])
         cells = config.cells(method)[:args.loop_runs]
         tasks = [make_characters_task(cell, **config.task_settings()) for cell in cells]
         for task in tasks:
