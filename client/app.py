@@ -15,15 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedroute import protocol
-from fedroute.client.fedcam import fedcam_client_round
-from fedroute.client.round import client_round, provisional_greedy_routes
+from fedroute.client.handlers import fedcam_reply, reply, routing_reply
+from fedroute.client.round import provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
-from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
-from fedroute.strategies.records import array_record
 from fedroute.tasks.base import ClientBatch
 from fedroute.tasks.registry import task_from_config
 
@@ -65,42 +63,13 @@ def _received(
     return config, settings, models, template, _client(context)
 
 
-def _reply(message: Message, metrics: dict[str, Any], model: ArrayRecord | None = None) -> Message:
-    content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
-    if model is not None:
-        content[protocol.MODEL] = model
-    return Message(content=content, reply_to=message)
-
-
 @app.train()
 def train(message: Message, context: Context) -> Message:
     """One routing round: losses → agent step → local training of the routed model."""
     config, settings, models, template, clients = _received(message, context)
     if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
         return _train_fedcam(message, config, models, template, clients)
-    run_key = str(config[protocol.RUN_KEY])
-    masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
-    round_index, client_id = int(config[protocol.ROUND_INDEX]), int(clients.client_ids[0])
-    directory = state_directory(context)
-    state = load_agent_state(context, run_key, settings, round_index, client_id, directory)
-    result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]))
-    save_agent_state(context, run_key, result.state, round_index, client_id, directory)
-    decision = result.decision
-    trained = protocol.unflatten_arrays(result.trained_models[0], template)
-    return _reply(message, {
-        protocol.CLUSTER: int(decision.routes[0]),
-        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
-        protocol.CLIENT_ID: int(clients.client_ids[0]),
-        protocol.LOSSES: [float(v) for v in result.losses[0]],
-        protocol.ROUTE_DISTRIBUTION: [float(v) for v in decision.route_distributions[0]],
-        protocol.CONTROLLER: int(decision.controller[0]),
-        protocol.ARM: int(decision.arm[0]),
-        protocol.FEEDBACK: float(decision.feedback[0]),
-        protocol.ENTERED: int(decision.entered[0]),
-        protocol.RELEASED: int(decision.released[0]),
-        protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
-        protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
-    }, array_record(trained))
+    return routing_reply(message, context, config, settings, clients, models, template)
 
 
 def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, template: dict[str, np.ndarray],
@@ -108,24 +77,14 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
     """FedCAM: assignment by the combined predictor, local update of both parts."""
     global_model = protocol.flatten_arrays(
         {name: array.numpy() for name, array in message.content[protocol.GLOBAL_MODEL].items()})
-    result = fedcam_client_round(clients, global_model, models, int(config[protocol.ROUND_INDEX]))
-    cluster = int(result.routes[0])
-    reply = _reply(message, {
-        protocol.CLUSTER: cluster,
-        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
-        protocol.CLIENT_ID: int(clients.client_ids[0]),
-        protocol.LOSSES: [float(v) for v in result.losses[0]],
-        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
-    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)))
-    reply.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
-    return reply
+    return fedcam_reply(message, config, clients, models, template, global_model)
 
 
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
     """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained)."""
     _, _, models, _, clients = _received(message, context)
-    return _reply(message, {
+    return reply(message, {
         protocol.CLUSTER: int(provisional_greedy_routes(clients, models)[0]),
         protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
         protocol.CLIENT_ID: int(clients.client_ids[0]),
@@ -136,7 +95,7 @@ def provisional(message: Message, context: Context) -> Message:
 def evaluate(message: Message, context: Context) -> Message:
     """Controller-free evaluation: every model's loss on both splits (and the group label)."""
     _, _, models, _, clients = _received(message, context)
-    return _reply(message, {
+    return reply(message, {
         protocol.CLIENT_ID: int(clients.client_ids[0]),
         protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
         protocol.TRAIN_LOSSES: [float(v) for v in clients.losses(models, "train")[0]],

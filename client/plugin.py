@@ -32,15 +32,13 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, Context, Message
 
 from fedroute import protocol
-from fedroute.client.fedcam import fedcam_client_round
-from fedroute.client.round import client_round, provisional_greedy_routes
+from fedroute.client.handlers import fedcam_reply, num_examples_metric, reply, routing_reply
+from fedroute.client.round import provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
-from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
-from fedroute.strategies.records import array_record
 
 __all__ = ["routing_train", "routing_evaluate", "routing_query"]
 
@@ -118,17 +116,6 @@ def _client_id(context: Context, client_id: Optional[int]) -> int:
     return int(context.node_config["partition-id"])
 
 
-def _num_examples(value: float) -> int | float:
-    return int(value) if float(value).is_integer() else float(value)
-
-
-def _reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord] = None) -> Message:
-    content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
-    if model is not None:
-        content[protocol.MODEL] = model
-    return Message(content=content, reply_to=message)
-
-
 # -------------------------------------------------------------------- handlers
 def routing_train(
     message: Message,
@@ -196,29 +183,7 @@ def routing_train(
     models, template = _cluster_models(message, settings.num_clusters, client)
     if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
         return _train_fedcam(message, config, client, models, template)
-    run_key = str(config[protocol.RUN_KEY])
-    masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
-    round_index, identity = int(config[protocol.ROUND_INDEX]), int(client.client_ids[0])
-    directory = state_directory(context)
-    state = load_agent_state(context, run_key, settings, round_index, identity, directory)
-    result = client_round(client, state, settings, models, masses, round_index, int(config[protocol.SEED]))
-    save_agent_state(context, run_key, result.state, round_index, identity, directory)
-    decision = result.decision
-    trained = protocol.unflatten_arrays(result.trained_models[0], template)
-    return _reply(message, {
-        protocol.CLUSTER: int(decision.routes[0]),
-        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
-        protocol.CLIENT_ID: identity,
-        protocol.LOSSES: [float(v) for v in result.losses[0]],
-        protocol.ROUTE_DISTRIBUTION: [float(v) for v in decision.route_distributions[0]],
-        protocol.CONTROLLER: int(decision.controller[0]),
-        protocol.ARM: int(decision.arm[0]),
-        protocol.FEEDBACK: float(decision.feedback[0]),
-        protocol.ENTERED: int(decision.entered[0]),
-        protocol.RELEASED: int(decision.released[0]),
-        protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
-        protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
-    }, array_record(trained))
+    return routing_reply(message, context, config, settings, client, models, template)
 
 
 def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient, models: np.ndarray,
@@ -229,18 +194,7 @@ def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient,
     global_arrays = {name: _decoded(array)
                      for name, array in message.content.array_records[protocol.GLOBAL_MODEL].items()}
     client.check_template(global_arrays)
-    result = fedcam_client_round(client, protocol.flatten_arrays(global_arrays), models,
-                                 int(config[protocol.ROUND_INDEX]))
-    cluster = int(result.routes[0])
-    reply = _reply(message, {
-        protocol.CLUSTER: cluster,
-        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
-        protocol.CLIENT_ID: int(client.client_ids[0]),
-        protocol.LOSSES: [float(v) for v in result.losses[0]],
-        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
-    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)))
-    reply.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
-    return reply
+    return fedcam_reply(message, config, client, models, template, protocol.flatten_arrays(global_arrays))
 
 
 def routing_evaluate(
@@ -291,9 +245,9 @@ def routing_evaluate(
     models, _ = _cluster_models(message, settings.num_clusters, client)
     train_losses = client.losses(models, "train")[0]
     test_losses = client.losses(models, "test")[0] if test_loss_fn is not None else train_losses
-    return _reply(message, {
+    return reply(message, {
         protocol.CLIENT_ID: int(client.client_ids[0]),
-        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
+        protocol.NUM_EXAMPLES: num_examples_metric(client.num_examples[0]),
         protocol.TRAIN_LOSSES: [float(v) for v in train_losses],
         protocol.TEST_LOSSES: [float(v) for v in test_losses],
         protocol.GROUP: int(group),
@@ -330,8 +284,8 @@ def routing_query(
     settings = _settings(config)
     client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id))
     models, _ = _cluster_models(message, settings.num_clusters, client)
-    return _reply(message, {
+    return reply(message, {
         protocol.CLUSTER: int(provisional_greedy_routes(client, models)[0]),
-        protocol.NUM_EXAMPLES: _num_examples(client.num_examples[0]),
+        protocol.NUM_EXAMPLES: num_examples_metric(client.num_examples[0]),
         protocol.CLIENT_ID: int(client.client_ids[0]),
     })

@@ -1,0 +1,83 @@
+"""The replies of a routing client, shared by the built-in ClientApp and the plugin helpers.
+
+Both :mod:`fedroute.client.app` (our tasks) and :mod:`fedroute.client.plugin` (a
+user's torch model) decode a message into a :class:`~fedroute.tasks.base.ClientBatch`
+of one client and the ``K`` flat models; from there the round is the same and
+lives here: controller state from ``Context.state`` (and the state directory),
+:func:`~fedroute.client.round.client_round`, and the reply schema of
+:mod:`fedroute.protocol`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from fedroute import protocol
+from fedroute.client.fedcam import fedcam_client_round
+from fedroute.client.round import client_round
+from fedroute.client.settings import RoutingSettings
+from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
+from fedroute.strategies.records import array_record
+from fedroute.tasks.base import ClientBatch
+
+__all__ = ["reply", "routing_reply", "fedcam_reply", "num_examples_metric"]
+
+
+def num_examples_metric(value: float) -> int | float:
+    """``num-examples`` as an int when it is a whole number (sample counts), else a float weight."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord] = None) -> Message:
+    """A reply with one MetricRecord and, when given, the trained model."""
+    content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
+    if model is not None:
+        content[protocol.MODEL] = model
+    return Message(content=content, reply_to=message)
+
+
+def routing_reply(message: Message, context: Context, config: dict[str, Any], settings: RoutingSettings,
+                  clients: ClientBatch, models: np.ndarray, template: dict[str, np.ndarray]) -> Message:
+    """One routing round of a one-client batch: state → agent step → training → reply."""
+    run_key = str(config[protocol.RUN_KEY])
+    masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
+    round_index, client_id = int(config[protocol.ROUND_INDEX]), int(clients.client_ids[0])
+    directory = state_directory(context)
+    state = load_agent_state(context, run_key, settings, round_index, client_id, directory)
+    result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]))
+    save_agent_state(context, run_key, result.state, round_index, client_id, directory)
+    decision = result.decision
+    trained = protocol.unflatten_arrays(result.trained_models[0], template)
+    return reply(message, {
+        protocol.CLUSTER: int(decision.routes[0]),
+        protocol.NUM_EXAMPLES: num_examples_metric(clients.num_examples[0]),
+        protocol.CLIENT_ID: client_id,
+        protocol.LOSSES: [float(v) for v in result.losses[0]],
+        protocol.ROUTE_DISTRIBUTION: [float(v) for v in decision.route_distributions[0]],
+        protocol.CONTROLLER: int(decision.controller[0]),
+        protocol.ARM: int(decision.arm[0]),
+        protocol.FEEDBACK: float(decision.feedback[0]),
+        protocol.ENTERED: int(decision.entered[0]),
+        protocol.RELEASED: int(decision.released[0]),
+        protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
+        protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
+    }, array_record(trained))
+
+
+def fedcam_reply(message: Message, config: dict[str, Any], clients: ClientBatch, models: np.ndarray,
+                 template: dict[str, np.ndarray], global_model: np.ndarray) -> Message:
+    """FedCAM: assignment by the combined predictor, local update of both parts, both returned."""
+    result = fedcam_client_round(clients, global_model, models, int(config[protocol.ROUND_INDEX]))
+    cluster = int(result.routes[0])
+    answer = reply(message, {
+        protocol.CLUSTER: cluster,
+        protocol.NUM_EXAMPLES: num_examples_metric(clients.num_examples[0]),
+        protocol.CLIENT_ID: int(clients.client_ids[0]),
+        protocol.LOSSES: [float(v) for v in result.losses[0]],
+        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
+    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)))
+    answer.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
+    return answer
