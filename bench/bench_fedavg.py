@@ -1,6 +1,6 @@
 """What clustered routing costs: Flower's FedAvg against ClusteredRouting (K = 2, 4, 8), side by side.
 
-Run: ``python bench/bench_fedavg.py [--docs docs/performance.md]`` (≈ 40 minutes on 2 cores; see
+Run: ``python bench/bench_fedavg.py [--docs docs/performance.md]`` (≈ 30 minutes on 2 cores; see
 ``--help`` for sizes, rounds and repeats, e.g. ``--skip-large --repeat 1 --headline-repeat 0``
 for a quick look).
 
@@ -57,7 +57,6 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings, routing_train
-from fedroute.client.randomness import Purpose, generator
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXAMPLE = REPOSITORY / "examples" / "digits_cnn"
@@ -135,30 +134,7 @@ class TimedFedAvg(_Timing, FedAvg):
 
 
 class TimedRouting(_Timing, ClusteredRouting):
-    """fedroute's ClusteredRouting, timed.
-
-    Node sampling (``fraction_train < 1``) is replaced by the fix proposed for
-    ``ClusteredRouting._sample_nodes``: that method passes the node ids to
-    ``rng.choice``, which turns Flower's 64-bit ids (≥ 2^53, some ≥ 2^63)
-    into float64 and returns ids of no node, so a sampled round gets no
-    replies.  Sampling indices keeps the ids exact; the sample (same seed,
-    round and generator) is otherwise unchanged.
-    """
-
-    def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        node_ids = sorted(grid.get_node_ids())
-        needed = max(self.min_available_nodes, self.min_train_nodes)
-        deadline = time.monotonic() + self.node_wait_timeout
-        while len(node_ids) < needed:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(node_ids)} nodes connected; {needed} required")
-            time.sleep(0.5)
-            node_ids = sorted(grid.get_node_ids())
-        sample_size = min(len(node_ids), max(self.min_train_nodes, int(len(node_ids) * self.fraction_train)))
-        if sample_size == len(node_ids):
-            return node_ids
-        rng = generator(self.seed, 0, server_round, Purpose.NODE_SAMPLING)
-        return sorted(node_ids[int(i)] for i in rng.choice(len(node_ids), size=sample_size, replace=False))
+    """fedroute's ClusteredRouting, timed."""
 
 
 def make_strategy(config: dict[str, Any]) -> tuple[Any, Any]:

@@ -149,7 +149,8 @@ class ClusteredRouting(Strategy):
         if sample_size == len(node_ids):
             return node_ids
         rng = generator(self.seed, 0, server_round, Purpose.NODE_SAMPLING)
-        return sorted(int(node) for node in rng.choice(node_ids, size=sample_size, replace=False))
+        # Sample positions, not ids: numpy would turn 64-bit node ids into floats.
+        return sorted(node_ids[int(index)] for index in rng.choice(len(node_ids), size=sample_size, replace=False))
 
     def _messages(
         self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]

@@ -41,3 +41,10 @@ def test_partial_participation_is_deterministic() -> None:
     other_round = _strategy(fraction_train=0.25, seed=3)._sample_nodes(FakeGrid(nodes), 6)
     assert first == again and len(first) == 5 and set(first) <= set(nodes)
     assert other_round != first
+
+
+def test_sampled_ids_are_exact_64_bit_node_ids() -> None:
+    nodes = [2**62 + 12345 + 7 * i for i in range(40)]  # Flower's node ids are 64-bit integers
+    sampled = _strategy(fraction_train=0.1, seed=1)._sample_nodes(FakeGrid(nodes), 2)
+    assert len(sampled) == 4 and set(sampled) <= set(nodes)
+    assert all(isinstance(node, int) for node in sampled)
