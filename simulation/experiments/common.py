@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -78,6 +78,8 @@ __all__ = [
     "write_radius_outputs",
     "print_claims",
     "mark_greedy_collapse",
+    "check_radius_sweep",
+    "radius_cells",
     "by_radius",
     "number",
     "METHOD_NAMES",
@@ -108,6 +110,51 @@ R's starts (the same for every method): mean ``K^0``, Pr(K^0 = K), Pr(K^0 = 1), 
 share a majority cluster)."""
 
 _PER_METHOD = ("usable_models", "assignment_accuracy", "routed_test_loss", "eval_test_loss")
+
+
+def check_radius_sweep(config: Any, label: str, method_keys: Sequence[str],
+                       extra_checks: Sequence[tuple[Any, ...]] | Callable[[Any], Sequence[tuple[Any, ...]]] = (),
+                       ) -> None:
+    """Normalise and validate the fields every radius-sweep config shares (a frozen dataclass).
+
+    ``radii`` and ``methods`` become tuples; the integer fields, the radii, the
+    seeds, rounds, clusters, methods (``method_keys``, including ``greedy``) and
+    chunk size are checked, with ``extra_checks`` — ``(holds, key, value,
+    allowed)`` tuples, or a callable of the normalised config returning them —
+    right after the radii.  Errors name ``<label> setting '<key>'``.
+    """
+    try:
+        object.__setattr__(config, "radii", tuple(float(r) for r in config.radii))
+    except (TypeError, ValueError):
+        raise ValueError(f"{label} setting 'radii' = {config.radii!r} is invalid; allowed: a sequence of numbers")
+    object.__setattr__(config, "methods", tuple(config.methods))
+    for key in ("seeds_per_radius", "first_seed", "rounds", "num_clusters", "block_length", "chunk_size"):
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{label} setting '{key}' = {value!r} is invalid; allowed: an integer")
+    extra = extra_checks(config) if callable(extra_checks) else extra_checks
+    checks = [
+        (len(config.radii) >= 1 and all(np.isfinite(r) and r >= 0 for r in config.radii)
+         and len(set(config.radii)) == len(config.radii), "radii", config.radii, "distinct finite numbers ≥ 0"),
+        *extra,
+        (config.seeds_per_radius >= 1, "seeds_per_radius", config.seeds_per_radius, "≥ 1"),
+        (config.first_seed >= 0, "first_seed", config.first_seed, "≥ 0"),
+        (config.rounds >= 2, "rounds", config.rounds, "≥ 2"),
+        (config.num_clusters >= 1, "num_clusters", config.num_clusters, "≥ 1"),
+        ("greedy" in config.methods and all(m in method_keys for m in config.methods)
+         and len(set(config.methods)) == len(config.methods), "methods", config.methods,
+         f"distinct keys of {sorted(method_keys)} including 'greedy'"),
+        (config.chunk_size >= 1, "chunk_size", config.chunk_size, "≥ 1"),
+    ]
+    for holds, key, value, allowed in checks:
+        if not holds:
+            raise ValueError(f"{label} setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+
+
+def radius_cells(config: Any) -> list[dict[str, Any]]:
+    """``{"radius", "seed"}`` per cell, R-major; the same seeds at every R."""
+    return [{"radius": radius, "seed": config.first_seed + j}
+            for radius in config.radii for j in range(config.seeds_per_radius)]
 
 
 def collapse_columns(methods: Sequence[str]) -> tuple[str, ...]:

@@ -42,7 +42,6 @@ Results do not depend on ``--workers`` / ``--ray-address`` / ``chunk_size``.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache, partial
@@ -60,12 +59,14 @@ from fedroute.simulation.experiments.common import (
     SUMMARY_COLUMNS,
     alone_convergence,
     by_radius,
+    check_radius_sweep,
     collapse_cells,
     collapse_columns,
     mark_greedy_collapse,
     number,
     plot_radius_panels,
     print_claims,
+    radius_cells,
     radius_summary,
     reduce_radius,
     round_zero_by_radius,
@@ -149,31 +150,9 @@ class GMMExperimentConfig:
     version: str = "1"
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "radii", tuple(float(r) for r in self.radii))
-        except (TypeError, ValueError):
-            raise ValueError(f"gmm setting 'radii' = {self.radii!r} is invalid; allowed: a sequence of numbers")
-        object.__setattr__(self, "methods", tuple(self.methods))
-        for key in ("seeds_per_radius", "first_seed", "rounds", "num_clusters", "block_length", "chunk_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"gmm setting '{key}' = {value!r} is invalid; allowed: an integer")
-        checks = [
-            (len(self.radii) >= 1 and all(math.isfinite(r) and r >= 0 for r in self.radii)
-             and len(set(self.radii)) == len(self.radii), "radii", self.radii, "distinct finite numbers ≥ 0"),
-            (self.far_radius in self.radii, "far_radius", self.far_radius, f"one of radii {self.radii}"),
-            (self.seeds_per_radius >= 1, "seeds_per_radius", self.seeds_per_radius, "≥ 1"),
-            (self.first_seed >= 0, "first_seed", self.first_seed, "≥ 0"),
-            (self.rounds >= 2, "rounds", self.rounds, "≥ 2"),
-            (self.num_clusters >= 1, "num_clusters", self.num_clusters, "≥ 1"),
-            ("greedy" in self.methods and all(m in METHOD_SPECS for m in self.methods)
-             and len(set(self.methods)) == len(self.methods), "methods", self.methods,
-             f"distinct keys of {sorted(METHOD_SPECS)} including 'greedy'"),
-            (self.chunk_size >= 1, "chunk_size", self.chunk_size, "≥ 1"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"gmm setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        check_radius_sweep(self, "gmm", METHOD_SPECS, lambda config: [
+            (config.far_radius in config.radii, "far_radius", config.far_radius,
+             f"one of radii {config.radii}")])
         GMMTask(**self.task_settings())  # the task validates its own settings
         method_settings("exp3", "gmm", **self.routing_overrides())
 
@@ -191,8 +170,7 @@ class GMMExperimentConfig:
 
     def cells(self) -> list[dict[str, Any]]:
         """``{"radius", "seed"}`` per cell, R-major; the same seeds at every R."""
-        return [{"radius": radius, "seed": self.first_seed + j}
-                for radius in self.radii for j in range(self.seeds_per_radius)]
+        return radius_cells(self)
 
     def task_settings(self) -> dict[str, Any]:
         """The :class:`GMMTask` keyword arguments shared by every cell."""

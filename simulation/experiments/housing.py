@@ -56,12 +56,14 @@ from fedroute.simulation.experiments.common import (
     SUMMARY_COLUMNS,
     alone_convergence,
     by_radius,
+    check_radius_sweep,
     collapse_cells,
     collapse_columns,
     mark_greedy_collapse,
     number,
     plot_radius_panels,
     print_claims,
+    radius_cells,
     radius_summary,
     reduce_radius,
     round_zero_by_radius,
@@ -137,30 +139,7 @@ class HousingExperimentConfig:
     version: str = "1"
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "radii", tuple(float(r) for r in self.radii))
-        except (TypeError, ValueError):
-            raise ValueError(f"housing setting 'radii' = {self.radii!r} is invalid; allowed: a sequence of numbers")
-        object.__setattr__(self, "methods", tuple(self.methods))
-        for key in ("seeds_per_radius", "first_seed", "rounds", "num_clusters", "block_length", "chunk_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"housing setting '{key}' = {value!r} is invalid; allowed: an integer")
-        checks = [
-            (len(self.radii) >= 1 and all(math.isfinite(r) and r >= 0 for r in self.radii)
-             and len(set(self.radii)) == len(self.radii), "radii", self.radii, "distinct finite numbers ≥ 0"),
-            (self.seeds_per_radius >= 1, "seeds_per_radius", self.seeds_per_radius, "≥ 1"),
-            (self.first_seed >= 0, "first_seed", self.first_seed, "≥ 0"),
-            (self.rounds >= 2, "rounds", self.rounds, "≥ 2"),
-            (self.num_clusters >= 1, "num_clusters", self.num_clusters, "≥ 1"),
-            ("greedy" in self.methods and all(m in METHOD_SPECS for m in self.methods)
-             and len(set(self.methods)) == len(self.methods), "methods", self.methods,
-             f"distinct keys of {sorted(METHOD_SPECS)} including 'greedy'"),
-            (self.chunk_size >= 1, "chunk_size", self.chunk_size, "≥ 1"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"housing setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        check_radius_sweep(self, "housing", METHOD_SPECS)
         HousingTask(**self.task_settings())  # the task validates its own settings (no data is read)
         method_settings("exp3", "housing", **self.routing_overrides())
 
@@ -177,8 +156,7 @@ class HousingExperimentConfig:
 
     def cells(self) -> list[dict[str, Any]]:
         """``{"radius", "seed"}`` per cell, R-major; the same seeds at every R."""
-        return [{"radius": radius, "seed": self.first_seed + j}
-                for radius in self.radii for j in range(self.seeds_per_radius)]
+        return radius_cells(self)
 
     def task_settings(self) -> dict[str, Any]:
         """The :class:`HousingTask` keyword arguments shared by every cell (without the data file)."""
