@@ -51,12 +51,17 @@ def hard_update(
     flat = cluster_models.reshape(-1, shape[-1])
     targets = _global_routes(routes, num_clusters, run_index)
     weights = np.asarray(num_examples, dtype=np.float64)
-    sums = np.zeros(flat.shape, dtype=np.float64)
-    np.add.at(sums, targets, weights[:, None] * client_models.astype(np.float64))
     totals = np.bincount(targets, weights=weights, minlength=flat.shape[0])
     routed = totals > 0
     updated = flat.copy()
-    updated[routed] = (sums[routed] / totals[routed, None]).astype(flat.dtype)
+    if routed.any():
+        # Segment sums over the replies grouped by cluster (stable sort: reply order kept within a
+        # cluster); much faster than an unbuffered ``np.add.at`` over (replies, P) rows.
+        order = np.argsort(targets, kind="stable")
+        weighted = weights[order, None] * np.asarray(client_models, dtype=np.float64)[order]
+        starts = np.searchsorted(targets[order], np.flatnonzero(routed))
+        sums = np.add.reduceat(weighted, starts, axis=0)
+        updated[routed] = (sums / totals[routed, None]).astype(flat.dtype)
     return updated.reshape(shape)
 
 
