@@ -10,8 +10,10 @@ The public API (``docs/plugin.md``) adds clustered routing to an existing
 Flower app:
 
 * server side: :class:`ClusteredRouting` (or the :class:`FedCAM` baseline) with
-  :class:`RoutingSettings` from :func:`method_settings`, started with initial
-  models from :func:`cluster_models_from_torch`;
+  :class:`RoutingSettings` from :func:`method_settings` (and collapse alarms
+  tuned by :class:`AlarmSettings`), started with initial models from
+  :func:`cluster_models_from_torch`; the final packed models back with
+  :func:`unpack_cluster_models` or :func:`cluster_models_to_torch`;
 * client side: :func:`routing_train`, :func:`routing_evaluate` and
   :func:`routing_query`, one call per handler of the user's ClientApp.
 
@@ -28,6 +30,9 @@ __all__ = [
     "RoutingSettings",
     "method_settings",
     "cluster_models_from_torch",
+    "cluster_models_to_torch",
+    "unpack_cluster_models",
+    "AlarmSettings",
     "routing_train",
     "routing_evaluate",
     "routing_query",
@@ -41,6 +46,9 @@ _EXPORTS = {
     "RoutingSettings": "fedroute.client.settings",
     "method_settings": "fedroute.strategies.methods",
     "cluster_models_from_torch": "fedroute.client.torch_adapter",
+    "cluster_models_to_torch": "fedroute.client.torch_adapter",
+    "unpack_cluster_models": "fedroute.strategies.records",
+    "AlarmSettings": "fedroute.monitoring.alarms",
     "routing_train": "fedroute.client.plugin",
     "routing_evaluate": "fedroute.client.plugin",
     "routing_query": "fedroute.client.plugin",
@@ -49,7 +57,9 @@ _EXPORTS = {
 if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from fedroute.client.plugin import routing_evaluate, routing_query, routing_train
     from fedroute.client.settings import RoutingSettings
-    from fedroute.client.torch_adapter import cluster_models_from_torch
+    from fedroute.client.torch_adapter import cluster_models_from_torch, cluster_models_to_torch
+    from fedroute.monitoring.alarms import AlarmSettings
+    from fedroute.strategies.records import unpack_cluster_models
     from fedroute.strategies.clustered import ClusteredRouting
     from fedroute.strategies.fedcam import FedCAM
     from fedroute.strategies.methods import method_settings

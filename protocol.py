@@ -26,6 +26,8 @@ CONFIG = "config"
 MODEL = "model"
 GLOBAL_MODEL = "global-model"
 METRICS = "metrics"
+TRAIN_METRICS = "train-metrics"
+"""Optional MetricRecord of a ``TRAIN`` reply: what the user's ``train_fn`` returned (numbers or lists)."""
 CLUSTER_PREFIX = "cluster-"
 
 # Config keys (server → client).

@@ -31,11 +31,14 @@ def num_examples_metric(value: float) -> int | float:
     return int(value) if float(value).is_integer() else float(value)
 
 
-def reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord] = None) -> Message:
-    """A reply with one MetricRecord and, when given, the trained model."""
+def reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord] = None,
+          train_metrics: Optional[dict[str, Any]] = None) -> Message:
+    """A reply with one MetricRecord and, when given, the trained model and the user's training metrics."""
     content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
     if model is not None:
         content[protocol.MODEL] = model
+    if train_metrics:
+        content[protocol.TRAIN_METRICS] = MetricRecord(train_metrics)
     return Message(content=content, reply_to=message)
 
 
@@ -64,7 +67,7 @@ def routing_reply(message: Message, context: Context, config: dict[str, Any], se
         protocol.RELEASED: int(decision.released[0]),
         protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
         protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
-    }, array_record(trained))
+    }, array_record(trained), getattr(clients, "train_metrics", None))
 
 
 def fedcam_reply(message: Message, config: dict[str, Any], clients: ClientBatch, models: np.ndarray,
@@ -78,6 +81,7 @@ def fedcam_reply(message: Message, config: dict[str, Any], clients: ClientBatch,
         protocol.CLIENT_ID: int(clients.client_ids[0]),
         protocol.LOSSES: [float(v) for v in result.losses[0]],
         protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
-    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)))
+    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)),
+        getattr(clients, "train_metrics", None))
     answer.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
     return answer

@@ -8,7 +8,8 @@ and the module's ``state_dict`` (every parameter *and* buffer, in
 
 * ``loss_fn(model) -> float`` — mean loss of the module on the client's
   training data (called once per cluster model per round);
-* ``train_fn(model) -> None`` — the user's local training, in place;
+* ``train_fn(model) -> None | dict`` — the user's local training, in place
+  (optionally returning metrics of the routed model's training);
 * ``test_loss_fn(model) -> float`` — optional, the held-out loss for the
   final evaluation.
 
@@ -24,12 +25,15 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-__all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "module_arrays"]
+__all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "cluster_models_to_torch",
+           "module_arrays", "train_metrics_of"]
 
 LossFunction = Callable[[torch.nn.Module], float]
 """``loss_fn(model) -> float``: mean loss of ``model`` on this client's data."""
 TrainFunction = Callable[[torch.nn.Module], Any]
-"""``train_fn(model) -> None``: local training of ``model`` in place (the return value is ignored)."""
+"""``train_fn(model) -> None | dict``: local training of ``model`` in place; it may return metrics
+(a dict or ``MetricRecord`` of numbers or lists of numbers, e.g. ``{"train_loss": 0.31}``), which
+the strategy averages per cluster as ``FedAvg`` does."""
 
 
 def module_arrays(module: torch.nn.Module) -> dict[str, NDArray]:
@@ -84,6 +88,70 @@ def cluster_models_from_torch(modules: Sequence[torch.nn.Module]) -> list:
     return [array_record(model) for model in models]
 
 
+def cluster_models_to_torch(models: Any, num_clusters: Optional[int] = None) -> list[dict[str, torch.Tensor]]:
+    """The ``K`` cluster models as torch ``state_dict``s, ready for ``module.load_state_dict``.
+
+    Parameters
+    ----------
+    models : ArrayRecord or sequence of mappings
+        The packed final models (``Result.arrays`` of ``ClusteredRouting.start``,
+        keys ``cluster-<k>/<name>``), or ``strategy.cluster_models`` (one dict
+        of numpy arrays per cluster).
+    num_clusters : int, optional
+        ``K``; inferred from the packed keys when omitted.
+
+    Returns
+    -------
+    list of dict
+        One ``{name: torch.Tensor}`` per cluster, in ``state_dict`` order
+        (dtypes and shapes kept; CPU tensors).
+
+    Examples
+    --------
+    >>> result = strategy.start(grid, cluster_models_from_torch(modules), num_rounds=20)  # doctest: +SKIP
+    >>> for module, state in zip(modules, cluster_models_to_torch(result.arrays)):  # doctest: +SKIP
+    ...     module.load_state_dict(state)
+    """
+    from fedroute.strategies.records import unpack_cluster_models
+
+    if hasattr(models, "items") and not isinstance(models, dict):  # an ArrayRecord
+        models = unpack_cluster_models(models, num_clusters)
+    return [{name: torch.from_numpy(np.array(value, copy=True)) for name, value in model.items()}
+            for model in models]
+
+
+def train_metrics_of(value: Any) -> Optional[dict[str, Any]]:
+    """What ``train_fn`` returned, as metrics: ``None``, or a dict of floats / lists of floats.
+
+    Raises
+    ------
+    TypeError
+        Naming the offending key, unless ``value`` is ``None`` or a mapping of
+        string keys to numbers (Python or 0-d tensors) or lists of numbers.
+    """
+    if value is None:
+        return None
+    if not hasattr(value, "items"):
+        raise TypeError(f"train_fn returned {type(value).__name__}; return None, or a dict of metrics such as "
+                        "{'train_loss': 0.31} (numbers or lists of numbers)")
+    metrics: dict[str, Any] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"train_fn metrics need string keys, got {key!r}")
+        items = item if isinstance(item, (list, tuple)) else [item]
+        numbers = []
+        for number in items:
+            if isinstance(number, torch.Tensor) and number.numel() == 1:
+                number = number.item()
+            if isinstance(number, np.generic):
+                number = number.item()
+            if isinstance(number, bool) or not isinstance(number, (int, float)):
+                raise TypeError(f"train_fn metric '{key}' = {item!r}: allowed are numbers or lists of numbers")
+            numbers.append(float(number))
+        metrics[key] = numbers if isinstance(item, (list, tuple)) else numbers[0]
+    return metrics
+
+
 def _layout(arrays: dict[str, NDArray]) -> list[tuple[str, tuple[int, ...], str]]:
     return [(name, tuple(value.shape), str(value.dtype)) for name, value in arrays.items()]
 
@@ -106,8 +174,9 @@ class TorchClient:
         ``loss_fn(model) -> float``, the mean training loss.  Called with the
         module in ``eval()`` mode under ``torch.no_grad()``.
     train_fn : callable, optional
-        ``train_fn(model) -> None``, local training in place.  Called with the
-        module in ``train()`` mode.  Needed only for :meth:`local_update`.
+        ``train_fn(model) -> None | dict``, local training in place.  Called with the
+        module in ``train()`` mode.  Needed only for :meth:`local_update`; what
+        the last call returned is in :attr:`train_metrics`.
     num_examples : int
         Training examples ``n_i`` (> 0): the client's aggregation weight.
     client_id : int
@@ -146,6 +215,10 @@ class TorchClient:
         self._shapes = [tuple(tensor.shape) for tensor in state.values()]
         self._sizes = [int(tensor.numel()) for tensor in state.values()]
         self.num_parameters = int(sum(self._sizes))
+        self.train_metrics: Optional[dict[str, Any]] = None
+        """What the latest ``train_fn`` call returned (:func:`train_metrics_of`).  In a routing round the
+        routed model is trained last (entry-test probes come first), so after the round it is the routed
+        model's."""
 
     # ------------------------------------------------------------ conversions
     @property
@@ -234,8 +307,9 @@ class TorchClient:
             was_training = self.model.training
             self.model.train()
             try:
-                self.train_fn(self.model)
+                returned = self.train_fn(self.model)
             finally:
                 self.model.train(was_training)
+            self.train_metrics = train_metrics_of(returned)
             trained[row] = self.to_vector()
         return trained

@@ -2,7 +2,11 @@
 
 With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
 FedCAM baseline in turn on the same nodes (each with its own client-state namespace), prints a
-per-method table and writes ``<results-dir>/<run-id>/``.
+per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
+``status.json`` at once, the telemetry tables and alarm events round by round,
+``summary.json``, the final models and routes as soon as each method ends.
+A run that fails (e.g. a dead federation) records the error and its alarms in
+``summary.json`` and ``status.json`` and stops with the error.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,25 +24,27 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedroute import protocol
-from fedroute.server.results import summary_table, write_results
+from fedroute.monitoring.alarms import task_starvation_basin
+from fedroute.monitoring.progress import ensure_console_handler
+from fedroute.server.results import summary_table, write_results, write_status
 from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.summary import run_summary
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
 from fedroute.strategies.records import array_record
 
-__all__ = ["app", "run_method"]
+__all__ = ["app", "make_strategy", "run_method"]
 
 logger = logging.getLogger("fedroute")
 app = ServerApp()
 
 
-def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[ClusteredRouting, dict[str, Any]]:
-    """Run one method to the end; return its strategy (history, models) and summary."""
+def make_strategy(settings: RunSettings, method: str, directory: Path) -> ClusteredRouting:
+    """The strategy of one method, writing its telemetry (and TensorBoard files) into ``directory``."""
     routing = settings.routing[method]
     num_clients = settings.task.num_clients
     strategy_class = FedCAM if method == "fedcam" else ClusteredRouting
-    strategy = strategy_class(
+    return strategy_class(
         routing,
         fraction_train=settings.fraction_train,
         min_train_nodes=min(settings.min_train_nodes, num_clients),
@@ -46,7 +53,18 @@ def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[Clustere
         seed=settings.seed,
         run_key=f"{method}-{settings.run_digest}",
         checkpoint_dir=None if settings.checkpoint_dir is None else settings.checkpoint_dir / method,
+        label=method,
+        telemetry_dir=directory,
+        tensorboard_dir=directory / "tensorboard" / method if settings.tensorboard else None,
+        alarm_settings=settings.alarm_settings,
+        starvation_basin=task_starvation_basin(settings.task, routing.num_clusters),
+        progress_interval=settings.progress_interval,
     )
+
+
+def run_method(grid: Grid, settings: RunSettings, method: str, strategy: ClusteredRouting) -> dict[str, Any]:
+    """Run one method to the end with ``strategy`` (:func:`make_strategy`); return its summary."""
+    routing = settings.routing[method]
     initial = settings.task.initial_models(routing.num_clusters)
     started = time.monotonic()
     strategy.start(grid, [array_record({"weights": model}) for model in initial], num_rounds=settings.num_rounds)
@@ -67,24 +85,15 @@ def run_method(grid: Grid, settings: RunSettings, method: str) -> tuple[Clustere
     summary.update(rounds=settings.num_rounds, resumed_from_round=strategy.resumed_from_round, wall_seconds=wall,
                    seconds_per_round=wall / max(rounds_run, 1),
                    rejected_replies=len(strategy.rejected), evaluated_clients=len(evaluation))
-    return strategy, summary
+    summary.update(strategy.recorder.summary() if strategy.recorder is not None else {})
+    return summary
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run every requested method and write the results directory."""
+    """Run every requested method and write the results directory as each one ends."""
+    ensure_console_handler(logger)
     settings = parse_run_config(context.run_config)
-    summaries: dict[str, Any] = {}
-    rounds, routes, models = [], [], {}
-    for method in settings.methods:
-        strategy, summary = run_method(grid, settings, method)
-        summaries[method] = summary
-        rounds.append(pd.DataFrame(strategy.history).assign(method=method))
-        routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
-                      for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
-        evaluated = strategy.combined_models() if isinstance(strategy, FedCAM) else strategy.cluster_models
-        for cluster, model in enumerate(evaluated):
-            models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
     directory = settings.results_dir / str(context.run_id)
     config = {
         "run_id": context.run_id,
@@ -92,8 +101,36 @@ def main(grid: Grid, context: Context) -> None:
         "task": asdict(settings.task),
         "routing": {method: routing.to_dict() for method, routing in settings.routing.items()},
     }
-    write_results(directory, config, pd.concat(rounds, ignore_index=True), summaries, models,
-                  routes=pd.DataFrame(routes))
+    methods = list(settings.methods)
+    plan = {"methods": methods, "num_rounds": settings.num_rounds,
+            "num_clusters": {method: settings.routing[method].num_clusters for method in methods}}
+    summaries: dict[str, Any] = {}
+    routes: list[dict[str, Any]] = []
+    models: dict[str, np.ndarray] = {}
+    write_results(directory, config, None, summaries, models)
+    write_status(directory, "running", **plan, current_method=methods[0], completed=[])
+    logger.info("results: %s (follow it with: fedroute monitor %s)", directory, directory)
+    for index, method in enumerate(methods, start=1):
+        write_status(directory, "running", **plan, current_method=method, completed=list(summaries))
+        logger.info("method %d/%d: %s, %d rounds", index, len(methods), method, settings.num_rounds)
+        strategy = make_strategy(settings, method, directory)
+        try:
+            summaries[method] = run_method(grid, settings, method, strategy)
+        except Exception as error:
+            summaries[method] = {"error": f"{type(error).__name__}: {error}",
+                                 **(strategy.recorder.summary() if strategy.recorder is not None else {})}
+            write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
+            write_status(directory, "failed", **plan, current_method=method, completed=list(summaries)[:-1],
+                         error=summaries[method]["error"])
+            logger.error("run failed in method %s: %s: %s", method, type(error).__name__, error)
+            raise
+        routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
+                      for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
+        evaluated = strategy.combined_models() if isinstance(strategy, FedCAM) else strategy.cluster_models
+        for cluster, model in enumerate(evaluated):
+            models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
+        write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
+    write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
     table = summary_table(summaries)
     print(f"\n{table}\n\nresults: {directory}", flush=True)
     sys.stdout.flush()

@@ -44,8 +44,10 @@ from fedroute.server.launcher import (
     _flwr_executable,
     _free_port,
     _run_status,
+    echo_line,
     format_run_config,
     quiet_environment,
+    resolve_run_config,
     stop_processes,
 )
 
@@ -373,12 +375,15 @@ class LocalFederation:
         """``flwr run <app> fedroute-local --stream --run-config ...``; status from ``flwr ls``.
 
         ``num-clients`` defaults to the number of SuperNodes.  A run still going
-        after ``timeout`` seconds is stopped (``flwr stop``).
+        after ``timeout`` seconds is stopped (``flwr stop``).  An invalid run
+        config raises ``ValueError`` before ``flwr run`` starts
+        (:func:`~fedroute.server.launcher.resolve_run_config`).
         """
         if self._superlink is None:
             raise RuntimeError("the federation is not started (use it as a context manager)")
         values = dict(run_config)
         values.setdefault("num-clients", self.num_supernodes)
+        resolve_run_config(self.app_dir, values)
         command = [self._flwr, "run", str(self.app_dir), CONNECTION, "--stream"]
         if values:
             command += ["--run-config", format_run_config(values)]
@@ -397,7 +402,7 @@ class LocalFederation:
             assert process.stdout is not None
             for line in process.stdout:
                 lines.append(line)
-                if stream:
+                if stream and echo_line(line):
                     sys.stdout.write(line)
                     sys.stdout.flush()
                 if run_id is None and "Successfully started run" in line:

@@ -25,7 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment"]
+__all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment",
+           "resolve_run_config", "echo_line", "FEDROUTE_SERVERAPP"]
+
+FEDROUTE_SERVERAPP = "fedroute.server.app:app"
+"""The ServerApp component whose run config :func:`resolve_run_config` validates in full."""
+
+# Lines of `flwr run` that carry no information for a fedroute user (each hermetic run makes a fresh
+# FLWR_HOME and installs the app into it; Flower 1.42 warns about its default federation size even when
+# `num-supernodes` is given).
+_NOISE = (
+    re.compile(r"Flower configuration not found\. Created default configuration"),
+    re.compile(r"^Successfully installed \S+ to "),
+    re.compile(r"Since flwr 1\.32, default simulated SuperNodes changed"),
+)
 
 QUIET_ENVIRONMENT = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -95,6 +108,49 @@ def format_run_config(values: Mapping[str, Any]) -> str:
             text = f'"{text}"' if "'" in text else f"'{text}'"
         parts.append(f"{key}={text}")
     return " ".join(parts)
+
+
+def echo_line(line: str) -> bool:
+    """Whether a line of ``flwr run --stream`` output is worth showing (see ``_NOISE``)."""
+    return not any(pattern.search(line) for pattern in _NOISE)
+
+
+def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config the ServerApp will see, checked before anything starts.
+
+    The overrides go through Flower's own parsing (``--run-config`` text →
+    values) and are fused with the app's ``[tool.flwr.app.config]``, as
+    ``flwr run`` does.  For fedroute's ServerApp the result is validated with
+    :func:`~fedroute.server.run_config.parse_run_config`.
+
+    Raises
+    ------
+    ValueError
+        For a key the app does not define (naming the allowed keys), or a value
+        ``parse_run_config`` rejects (naming the key and the allowed values).
+    """
+    import tomllib
+
+    from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
+
+    pyproject = Path(app_dir) / "pyproject.toml"
+    if not pyproject.is_file():
+        raise ValueError(f"{Path(app_dir).resolve()} is not a Flower app: it has no pyproject.toml")
+    with open(pyproject, "rb") as stream:
+        app = tomllib.load(stream).get("tool", {}).get("flwr", {}).get("app", {})
+    defaults = flatten_dict(app.get("config", {}))
+    unknown = sorted(set(run_config) - set(defaults))
+    if unknown:
+        raise ValueError(f"run-config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"{'are' if len(unknown) > 1 else 'is'} not defined by the app in {pyproject}; "
+                         f"allowed keys: {', '.join(sorted(defaults))}")
+    overrides = parse_config_args([format_run_config(run_config)]) if run_config else {}
+    resolved = fuse_dicts(defaults, overrides)
+    if app.get("components", {}).get("serverapp") == FEDROUTE_SERVERAPP:
+        from fedroute.server.run_config import parse_run_config
+
+        parse_run_config(resolved)
+    return resolved
 
 
 def quiet_environment(flwr_home: Path) -> dict[str, str]:
@@ -188,7 +244,13 @@ def run_flower_app(
     Returns
     -------
     FlowerRun
+
+    Raises
+    ------
+    ValueError
+        If the run config is invalid (:func:`resolve_run_config`): nothing is started.
     """
+    resolve_run_config(app_dir, run_config)
     home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="fedroute-flwr-home-"))
     home.mkdir(parents=True, exist_ok=True)
     environment = quiet_environment(home)
@@ -208,7 +270,7 @@ def run_flower_app(
         deadline = started + timeout
         for line in process.stdout:
             lines.append(line)
-            if stream:
+            if stream and echo_line(line):
                 sys.stdout.write(line)
                 sys.stdout.flush()
             if time.monotonic() > deadline:

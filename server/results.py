@@ -1,18 +1,29 @@
-"""A run's results directory: config.json, rounds.csv/.parquet, summary.json, cluster_models.npz."""
+"""A run's results directory: config.json, status.json, summary.json, cluster_models.npz, routes.
+
+The per-round and per-client tables (``rounds.csv``, ``clients.csv``, their
+Parquet copies) and ``alarms.jsonl`` are appended round by round by the
+strategies' :class:`~fedroute.monitoring.recorder.RunRecorder`; the files here
+are rewritten atomically whenever a method ends, so a method's results are on
+disk as soon as it is done.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-__all__ = ["write_results", "summary_table", "atomic_write_text"]
+__all__ = ["write_results", "write_status", "summary_table", "atomic_write_text", "STATUS_FILE"]
+
+STATUS_FILE = "status.json"
+"""The run's state for ``fedroute monitor``: ``running``, ``finished`` or ``failed``, with the methods."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -36,10 +47,16 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+def write_status(directory: Path, state: str, **fields: Any) -> None:
+    """``status.json``: ``{"state": running|finished|failed, "updated": <unix time>, **fields}`` (atomic)."""
+    atomic_write_text(directory / STATUS_FILE,
+                      json.dumps({"state": state, "updated": time.time(), **fields}, indent=2, default=_json_default))
+
+
 def write_results(
     directory: Path,
     config: Mapping[str, Any],
-    rounds: pd.DataFrame,
+    rounds: Optional[pd.DataFrame],
     summaries: Mapping[str, Mapping[str, Any]],
     cluster_models: Mapping[str, NDArray],
     routes: pd.DataFrame | None = None,
@@ -52,8 +69,8 @@ def write_results(
         ``results/<run-id>/``.
     config : mapping
         The full resolved config.
-    rounds : DataFrame
-        One row per (method, round).
+    rounds : DataFrame or None
+        One row per (method, round); ``None`` when the telemetry writer keeps ``rounds.csv``.
     summaries : mapping
         Method → summary dict.
     cluster_models : mapping
@@ -70,26 +87,50 @@ def write_results(
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_text(directory / "config.json", json.dumps(config, indent=2, default=_json_default))
     atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2, default=_json_default))
-    rounds.to_csv(directory / "rounds.csv", index=False)
-    rounds.to_parquet(directory / "rounds.parquet", index=False)
+    if rounds is not None:
+        rounds.to_csv(directory / "rounds.csv", index=False)
+        rounds.to_parquet(directory / "rounds.parquet", index=False)
     if routes is not None:
-        routes.to_csv(directory / "routes.csv", index=False)
-        routes.to_parquet(directory / "routes.parquet", index=False)
-    np.savez(directory / "cluster_models.npz", **{name: np.asarray(value) for name, value in cluster_models.items()})
+        _atomic(directory / "routes.csv", lambda path: routes.to_csv(path, index=False))
+        _atomic(directory / "routes.parquet", lambda path: routes.to_parquet(path, index=False))
+    _atomic(directory / "cluster_models.npz", lambda path: np.savez(
+        path, **{name: np.asarray(value) for name, value in cluster_models.items()}))
     return directory
+
+
+def _atomic(path: Path, write: Any) -> None:
+    """``write(temporary)`` then rename onto ``path``."""
+    temporary = path.with_name(f".{path.name}.partial{path.suffix}")
+    write(temporary)
+    os.replace(temporary, path)
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """The per-method table printed at the end of a run."""
-    header = f"{'method':<12} {'R_T':>7} {'recovered':>9} {'K_eval tr/te':>12} {'assign acc':>10} {'rounds':>6} {'wall s':>7}"
+    header = f"{'method':<12} {'R_T':>7} {'recovered':>9} {'K_eval tr/te':>12} {'assign acc':>10} {'rounds':>6} " \
+             f"{'wall s':>7}  alarms at the end"
     lines = [header, "-" * len(header)]
     for method, summary in summaries.items():
+        if "usable_models_train" not in summary:  # the method failed or was not evaluated
+            lines.append(f"{method:<12} {summary.get('error', 'no evaluation')}")
+            continue
         error = summary.get("recovery_error")
         recovered = summary.get("recovered")
         lines.append(
             f"{method:<12} {error if error is not None else float('nan'):>7.3f} "
             f"{('yes' if recovered else 'no') if recovered is not None else '-':>9} "
             f"{summary['usable_models_train']:>6}/{summary['usable_models_test']:<5} "
-            f"{summary['assignment_accuracy_test']:>10.3f} {summary['rounds']:>6} {summary['wall_seconds']:>7.1f}"
+            f"{summary['assignment_accuracy_test']:>10.3f} {summary['rounds']:>6} {summary['wall_seconds']:>7.1f}  "
+            f"{_alarm_text(summary)}"
         )
     return "\n".join(lines)
+
+
+def _alarm_text(summary: Mapping[str, Any]) -> str:
+    """``starvation(1), collapsed-entrance(1)`` for the alarms still active; ``recovered at t=1`` / ``none``."""
+    alarms = summary.get("alarms", [])
+    active = [alarm for alarm in alarms if alarm["kind"] != "recovery" and alarm["cleared_round"] is None]
+    if active:
+        return ", ".join(f"{alarm['kind']}({','.join(map(str, alarm['clusters']))})" for alarm in active)
+    recoveries = [alarm for alarm in alarms if alarm["kind"] == "recovery"]
+    return f"none (recovery at t={recoveries[-1]['raised_round']})" if recoveries else "none"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from fedroute.client.settings import RoutingSettings
+from fedroute.monitoring.alarms import AlarmSettings
 from fedroute.strategies.methods import METHODS, method_settings
 from fedroute.tasks.base import Task
 from fedroute.tasks.registry import task_from_config
@@ -19,7 +20,12 @@ from fedroute.tasks.registry import task_from_config
 __all__ = ["RunSettings", "parse_run_config"]
 
 # Keys that name outputs or the run's length, not its dynamics.
-_NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout"}
+_NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout",
+                 "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval"}
+
+# run-config key → AlarmSettings field.
+_ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
+               "dead-rounds": "dead_rounds"}
 
 # run-config key → RoutingSettings field, for keys whose value may be "auto"/0 (= method default).
 _ROUTING_KEYS = {
@@ -55,6 +61,12 @@ class RunSettings:
     run_digest: str
     """Digest of everything that defines the run's dynamics (not its length or
     output paths): client-state keys and checkpoints of a resumed run match it."""
+    alarm_settings: AlarmSettings = AlarmSettings()
+    """Collapse-alarm thresholds (``starvation-rounds``, ``duplication-tolerance``, ``dead-rounds``)."""
+    tensorboard: bool = False
+    """Write TensorBoard event files under ``<results>/<run-id>/tensorboard/<method>``."""
+    progress_interval: float = 5.0
+    """Seconds between progress lines (0: every round)."""
 
 
 def _integer(config: Mapping[str, Any], key: str, low: int) -> int:
@@ -71,6 +83,28 @@ def _number(config: Mapping[str, Any], key: str, low: float, high: float) -> flo
         allowed = f"a number in [{low}, {high}]" if math.isfinite(high) or math.isfinite(low) else "a finite number"
         raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: {allowed}")
     return float(value)
+
+
+def _boolean(config: Mapping[str, Any], key: str) -> bool:
+    value = config[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: true or false")
+    return value
+
+
+def _alarm_settings(config: Mapping[str, Any]) -> AlarmSettings:
+    values = {}
+    for key, name in _ALARM_KEYS.items():
+        if key in config:
+            values[name] = _integer(config, key, 1) if name != "duplication_tolerance" else \
+                _number(config, key, 0.0, 1.0)
+    try:
+        return AlarmSettings(**values)
+    except ValueError as error:
+        message = str(error)
+        for key, name in _ALARM_KEYS.items():
+            message = message.replace(name, f"run-config '{key}'")
+        raise ValueError(message) from None
 
 
 def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -137,6 +171,9 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         results_dir=results_dir,
         checkpoint_dir=_absolute(checkpoint_text) if checkpoint_text else None,
         run_digest=digest,
+        alarm_settings=_alarm_settings(config),
+        tensorboard=_boolean(config, "tensorboard") if "tensorboard" in config else False,
+        progress_interval=_number(config, "progress-interval", 0.0, 1e7) if "progress-interval" in config else 5.0,
     )
 
 

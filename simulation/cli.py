@@ -4,6 +4,7 @@
 ``fedroute deploy local``  run it on a real SuperLink and SuperNodes on 127.0.0.1
 ``fedroute simulate``   run one configuration in the batched simulator and print its summary
 ``fedroute reproduce``  run a paper experiment (tables, figures, claims)
+``fedroute monitor``    watch a run's routing (masses, starving clusters, arm mix, alarms) live
 """
 
 from __future__ import annotations
@@ -21,63 +22,94 @@ REPRODUCE_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    import numpy as np
+    from fedroute.server.run_config import parse_run_config
+    from fedroute.simulation.recorded import simulate_run
 
-    from fedroute.simulation.fedcam import simulate_fedcam_batch
-    from fedroute.simulation.simulator import simulate
-    from fedroute.simulation.summary import run_summary
-    from fedroute.strategies.methods import METHODS, method_settings
-    from fedroute.tasks.linear import LinearTask
+    config = {"method": args.method, "task": "linear", "num-clients": args.num_clients, "init": args.init,
+              "init-spread": args.init_spread, "seed": args.seed, "num-server-rounds": args.rounds}
+    try:
+        settings = parse_run_config({**config, **_run_config_items(args.run_config)})
+    except ValueError as error:
+        print(f"fedroute: {error}", file=sys.stderr)
+        return 2
+    import logging
 
-    task = LinearTask(num_clients=args.num_clients, init=args.init, init_spread=args.init_spread, seed=args.seed)
-    clients = task.clients(np.arange(task.num_clients))
-    summaries = {}
-    for method in (METHODS if args.method == "all" else (args.method,)):
-        settings = method_settings(method, task.name)
-        if method == "fedcam":
-            batch = simulate_fedcam_batch([task], settings, args.rounds, [args.seed])
-            final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
-        else:
-            history = simulate(task, settings, args.rounds, args.seed)
-            final, routes = history.cluster_models[-1], history.routes
-        counts = np.stack([np.bincount(r, minlength=final.shape[0]) for r in routes])
-        summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
-                                        clients.groups, counts, task.group_parameters)
+    from fedroute.monitoring.progress import ensure_console_handler
+
+    ensure_console_handler(logging.getLogger("fedroute"))
+    summaries = simulate_run(settings, Path(args.out) if args.out else None)
     print(json.dumps(summaries, indent=2))
     return 0
 
 
-def _flower(args: argparse.Namespace) -> int:
-    from fedroute.server.launcher import parse_config_value, run_flower_app
+def _run_config_items(items: list[str]) -> dict:
+    """``KEY=VALUE`` items → run-config values (``ValueError`` for an item without ``=``)."""
+    from fedroute.server.launcher import parse_config_value
 
-    overrides = {key: parse_config_value(value) for key, value in (item.split("=", 1) for item in args.run_config)}
+    values = {}
+    for item in items:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise ValueError(f"--run-config item {item!r} is not KEY=VALUE")
+        values[key] = parse_config_value(value)
+    return values
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    overrides = _run_config_items(args.run_config)
     overrides.setdefault("num-clients", args.supernodes)
     overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+    return overrides
+
+
+def _failure(kind: str, result) -> int:
+    """Say why a run failed (the ServerApp's own error line if it logged one) and return exit code 1."""
+    reasons = [line.split("fedroute: ", 1)[1].strip() for line in result.stdout.splitlines()
+               if line.startswith("ERROR fedroute: ")]
+    why = reasons[-1] if reasons else "see the ServerApp's traceback above"
+    print(f"fedroute: the {kind} run failed (Flower status {result.status!r}): {why}", file=sys.stderr)
+    return 1
+
+
+def _flower(args: argparse.Namespace) -> int:
+    from fedroute.server.launcher import resolve_run_config, run_flower_app
+
+    try:
+        overrides = _overrides(args)
+        resolve_run_config(args.app_dir, overrides)
+    except ValueError as error:
+        print(f"fedroute: {error}", file=sys.stderr)
+        return 2
     result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True)
-    if not result.completed:
-        print(f"fedroute: the Flower run ended with status {result.status!r} (exit {result.returncode})",
-              file=sys.stderr)
-        return 1
-    return 0
+    return 0 if result.completed else _failure("Flower", result)
 
 
 def _deploy(args: argparse.Namespace) -> int:
     from fedroute.server.deploy import LocalFederation
-    from fedroute.server.launcher import parse_config_value
+    from fedroute.server.launcher import resolve_run_config
     from fedroute.server.results import summary_table
 
-    overrides = {key: parse_config_value(value) for key, value in (item.split("=", 1) for item in args.run_config)}
-    overrides.setdefault("num-clients", args.supernodes)
-    overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+    try:
+        overrides = _overrides(args)
+        resolve_run_config(args.app_dir, overrides)
+    except ValueError as error:
+        print(f"fedroute: {error}", file=sys.stderr)
+        return 2
     with LocalFederation(args.app_dir, args.supernodes, tls=args.tls, state_dir=args.state_dir) as federation:
         result = federation.run(overrides, timeout=args.timeout, stream=True)
     if not result.completed:
-        print(f"fedroute: the deployed run ended with status {result.status!r} (exit {result.returncode})",
-              file=sys.stderr)
-        return 1
+        return _failure("deployed", result)
     if "results:" not in result.stdout and result.results_dir and (result.results_dir / "summary.json").is_file():
         print(summary_table(json.loads((result.results_dir / "summary.json").read_text())))  # stream lost it
     return 0
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    from fedroute.monitoring.monitor import run_monitor
+
+    return run_monitor(Path(args.run_dir), refresh=args.refresh, once=args.once, until_finished=args.until_finished,
+                       method=args.method, plot=None if args.plot is None else Path(args.plot),
+                       timeout=args.timeout)
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -120,7 +152,27 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--init", default="collapsed", choices=("collapsed", "spread"))
     sim.add_argument("--init-spread", type=float, default=3.0)
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
+                     help="further run-config keys, as for `fedroute flower` (e.g. starvation-rounds=5)")
+    sim.add_argument("--out", default=None, help="write a run directory here (telemetry, alarms, summary.json) "
+                     "that `fedroute monitor` reads")
     sim.set_defaults(handler=_simulate)
+
+    monitor = commands.add_parser("monitor", help="watch a running or finished run (masses, starvation, arms, alarms)",
+                                  description="Live terminal view of results/<run-id>/ (or a `simulate --out` "
+                                  "directory): per-cluster mass bars, rounds since each cluster was last routed, "
+                                  "the EXP3 arm mix, the routed loss and the alarms, refreshed as rounds land.")
+    monitor.add_argument("run_dir", help="the run's results directory (results/<run-id>)")
+    monitor.add_argument("--refresh", type=float, default=1.0, help="seconds between refreshes")
+    monitor.add_argument("--once", action="store_true", help="print one view and exit")
+    monitor.add_argument("--until-finished", action="store_true",
+                         help="exit when the run has finished (status.json), instead of on Ctrl-C")
+    monitor.add_argument("--method", default=None, help="show only this method (default: all)")
+    monitor.add_argument("--plot", default=None, metavar="FILE",
+                         help="write masses and routed loss over rounds to FILE (.png, .pdf; no suffix: both) "
+                         "and exit")
+    monitor.add_argument("--timeout", type=float, default=None, help="stop following after this many seconds")
+    monitor.set_defaults(handler=_monitor)
 
     reproduce = commands.add_parser("reproduce", help="a paper experiment: tables, figures, claims")
     reproduce.add_argument("experiment", choices=sorted(REPRODUCE_COMMANDS) or ["none"])

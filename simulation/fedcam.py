@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from fedroute.client.fedcam import combined_models, fedcam_client_round
 from fedroute.client.settings import RoutingSettings
-from fedroute.simulation.simulator import BatchHistory, concatenate_clients
+from fedroute.monitoring.telemetry import ClientReplies, node_id_array
+from fedroute.simulation.simulator import BatchHistory, OnRound, SimulatedRound, concatenate_clients
 from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.tasks.base import Task
 
@@ -16,7 +17,8 @@ __all__ = ["simulate_fedcam_batch"]
 
 
 def simulate_fedcam_batch(
-    tasks: Sequence[Task], settings: RoutingSettings, num_rounds: int, seeds: Sequence[int], detail: bool = False
+    tasks: Sequence[Task], settings: RoutingSettings, num_rounds: int, seeds: Sequence[int], detail: bool = False,
+    on_round: Optional[OnRound] = None,
 ) -> BatchHistory:
     """Simulate FedCAM on ``R`` runs together.
 
@@ -27,7 +29,9 @@ def simulate_fedcam_batch(
     *combined* predictors ``Θ_glob + Θ_k`` (what evaluation uses); the global
     part is in ``detail["global_models"]`` (T+1, R, P) and the final cluster
     parts in ``detail["cluster_parts"]`` (R, K, P).  ``seeds`` are unused
-    (FedCAM draws nothing) but kept for the sweep interface.
+    (FedCAM draws nothing) but kept for the sweep interface.  ``on_round`` is
+    called after every round as in :func:`~fedroute.simulation.simulator.simulate_batch`
+    (``changed`` refers to the cluster parts, as in the FedCAM strategy).
     """
     del seeds
     num_runs, num_clusters = len(tasks), settings.num_clusters
@@ -41,6 +45,7 @@ def simulate_fedcam_batch(
         global_models]
     for round_index in range(num_rounds):
         result = fedcam_client_round(clients, global_models[run_of_client], cluster_models[run_of_client], round_index)
+        previous_parts = cluster_models
         cluster_models = hard_update(cluster_models, result.cluster_models, result.routes, num_examples, run_of_client)
         global_models = hard_update(global_models[:, None, :], result.global_models, np.zeros_like(result.routes),
                                     num_examples, run_of_client)[:, 0, :]
@@ -49,6 +54,10 @@ def simulate_fedcam_batch(
         routes_record.append(result.routes.astype(np.int8 if num_clusters < 127 else np.int16)
                              .reshape(num_runs, num_clients))
         masses_record.append(routing_masses(result.routes, num_examples, num_clusters, run_of_client, num_runs))
+        if on_round is not None:
+            on_round(SimulatedRound(round_index, _fedcam_replies(clients.client_ids, num_examples, result.losses,
+                                                                 result.routes, num_clusters),
+                                    masses_record[-1], np.any(cluster_models != previous_parts, axis=-1), num_clients))
     empty = np.zeros((num_rounds, num_runs, 0))
     return BatchHistory(
         cluster_models=np.stack(combined),
@@ -62,4 +71,19 @@ def simulate_fedcam_batch(
         groups=clients.groups.reshape(num_runs, num_clients),
         num_examples=num_examples.reshape(num_runs, num_clients),
         detail={"global_models": np.stack(globals_record), "cluster_parts": cluster_models} if detail else {},
+    )
+
+
+def _fedcam_replies(client_ids: np.ndarray, num_examples: np.ndarray, losses: np.ndarray, routes: np.ndarray,
+                    num_clusters: int) -> ClientReplies:
+    """A FedCAM round as the replies the FedCAM strategy validates (no controller, arm or feedback)."""
+    count = len(routes)
+    routes = np.asarray(routes, dtype=np.int64)
+    return ClientReplies(
+        client_ids=np.asarray(client_ids, dtype=np.int64), node_ids=node_id_array([None] * count),
+        num_examples=np.asarray(num_examples, dtype=np.float64), routes=routes, losses=np.asarray(losses),
+        route_distributions=(routes[:, None] == np.arange(num_clusters)).astype(np.float64),
+        controllers=np.full(count, -1, dtype=np.int64), arms=np.full(count, -1, dtype=np.int64),
+        feedback=np.full(count, np.nan), entered=np.zeros(count, dtype=bool), released=np.zeros(count, dtype=bool),
+        rounds_played=np.full(count, -1, dtype=np.int64), exp3_weight_spread=np.zeros(count),
     )

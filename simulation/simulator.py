@@ -12,7 +12,7 @@ This module only loops over rounds and records what the experiments need.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,10 +21,56 @@ from fedroute.client.agent import AgentState
 from fedroute.client.exp3 import arm_probabilities
 from fedroute.client.round import client_round, provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
+from fedroute.monitoring.telemetry import ClientReplies, node_id_array
 from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.tasks.base import ClientBatch, Task
 
-__all__ = ["RunHistory", "BatchHistory", "simulate", "simulate_batch", "concatenate_clients"]
+__all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
+           "recording"]
+
+
+@dataclass(frozen=True)
+class SimulatedRound:
+    """What one simulated round did, for an observer (``on_round``) of the simulator.
+
+    Attributes
+    ----------
+    round_index : int
+        ``t``.
+    replies : ClientReplies
+        Every client of every run (``R·n`` rows, run-major), as a Flower
+        strategy would have received them (node ids ``-1``).
+    masses : ndarray, shape (R, K)
+        ``μ^t`` after the round.
+    changed : ndarray of bool, shape (R, K)
+        Whether each cluster model changed.
+    num_clients : int
+        ``n`` per run.
+    """
+
+    round_index: int
+    replies: ClientReplies
+    masses: NDArray[np.float64]
+    changed: NDArray[np.bool_]
+    num_clients: int
+
+    def run(self, run: int) -> ClientReplies:
+        """The replies of run ``run``."""
+        return self.replies.select(slice(run * self.num_clients, (run + 1) * self.num_clients))
+
+
+OnRound = Callable[[SimulatedRound], None]
+"""``on_round(simulated_round)``: called after every simulated round."""
+
+
+def recording(recorder: Any, run: int = 0) -> OnRound:
+    """An ``on_round`` observer feeding run ``run`` to a :class:`~fedroute.monitoring.recorder.RunRecorder`."""
+    def observe(simulated: SimulatedRound) -> None:
+        recorder.round(simulated.round_index + 1, simulated.run(run), simulated.masses[run],
+                       simulated.changed[run].tolist())
+        recorder.commit()
+
+    return observe
 
 
 def concatenate_clients(batches: Sequence[ClientBatch]) -> ClientBatch:
@@ -135,6 +181,7 @@ def simulate_batch(
     seeds: Sequence[int],
     detail: bool = False,
     model_rounds: Optional[Sequence[int]] = None,
+    on_round: Optional[OnRound] = None,
 ) -> BatchHistory:
     """Simulate ``R = len(tasks)`` independent runs of one method together.
 
@@ -154,6 +201,9 @@ def simulate_batch(
         Record the cluster models ``W^t`` only for these ``t`` (in ``0..T``);
         all rounds by default.  ``cluster_models`` then has one entry per
         listed round, in increasing order (large models over many rounds).
+    on_round : callable, optional
+        Called with a :class:`SimulatedRound` after every round (telemetry,
+        alarms: see :func:`recording`).
 
     Returns
     -------
@@ -201,8 +251,12 @@ def simulate_batch(
             None if masses is None else masses[run_of_client], round_index, seed_of_client,
         )
         state, decision = result.state, result.decision
+        previous_models = models
         models = hard_update(models, result.trained_models, decision.routes, num_examples, run_of_client)
         masses = routing_masses(decision.routes, num_examples, num_clusters, run_of_client, num_runs)
+        if on_round is not None:
+            on_round(SimulatedRound(round_index, _replies(clients, num_examples, result.losses, decision, state),
+                                    masses, np.any(models != previous_models, axis=-1), num_clients))
         arm_in_force = decision.arm[:, None] == np.arange(settings.num_arms)
         if round_index + 1 in kept_rounds:
             record["cluster_models"].append(models)
@@ -233,7 +287,23 @@ def simulate_batch(
     )
 
 
-def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int) -> RunHistory:
+def _replies(clients: ClientBatch, num_examples: NDArray, losses: NDArray[np.float64], decision: Any,
+             state: AgentState) -> ClientReplies:
+    """A simulated round as the replies a Flower strategy would have validated."""
+    weights = state.exp3_log_weights
+    return ClientReplies(
+        client_ids=np.asarray(clients.client_ids, dtype=np.int64), node_ids=node_id_array([None] * len(losses)),
+        num_examples=np.asarray(num_examples, dtype=np.float64), routes=np.asarray(decision.routes, dtype=np.int64),
+        losses=losses, route_distributions=decision.route_distributions,
+        controllers=np.asarray(decision.controller, dtype=np.int64), arms=np.asarray(decision.arm, dtype=np.int64),
+        feedback=np.asarray(decision.feedback, dtype=np.float64), entered=np.asarray(decision.entered, dtype=bool),
+        released=np.asarray(decision.released, dtype=bool), rounds_played=np.asarray(state.rounds_played),
+        exp3_weight_spread=np.ptp(weights, axis=1) if weights.shape[1] else np.zeros(len(losses)),
+    )
+
+
+def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int,
+             on_round: Optional[OnRound] = None) -> RunHistory:
     """Run ``num_rounds`` rounds of clustered routing on every client of ``task``.
 
     Parameters
@@ -246,13 +316,15 @@ def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int) 
         ``T`` (≥ 1).
     seed : int
         Run seed (the randomness coordinate of every routing draw).
+    on_round : callable, optional
+        Called after every round (see :func:`simulate_batch`).
 
     Returns
     -------
     RunHistory
         Per-client detail of the run (a batch of one run).
     """
-    batch = simulate_batch([task], settings, num_rounds, [seed], detail=True)
+    batch = simulate_batch([task], settings, num_rounds, [seed], detail=True, on_round=on_round)
     detail = batch.detail
     return RunHistory(
         cluster_models=batch.cluster_models[:, 0],

@@ -26,9 +26,20 @@ from numpy.typing import NDArray
 from fedroute import protocol
 from fedroute.client.randomness import Purpose, generator
 from fedroute.client.settings import RoutingSettings
+from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation
+from fedroute.monitoring.progress import ensure_console_handler
+from fedroute.monitoring.recorder import RunRecorder
+from fedroute.monitoring.telemetry import ClientReplies
 from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.strategies.checkpoint import load_checkpoint, save_checkpoint
 from fedroute.strategies.records import array_record, arrays_of, pack_cluster_models, unpack_cluster_models
+from fedroute.strategies.results import (
+    ClientRoutes,
+    RejectedReply,
+    RoundRecord,
+    cluster_metric_record,
+    aggregate_cluster_metrics,
+)
 from fedroute.strategies.validation import (
     EvaluateReply,
     ReplyRejected,
@@ -74,6 +85,24 @@ class ClusteredRouting(Strategy):
         Write an atomic checkpoint (models, masses, history, round) here after
         every round, and resume from it when :meth:`start` finds one made with
         the same settings.
+    label : str, optional
+        The run's name in logs, telemetry (``method`` column) and TensorBoard;
+        ``run_key`` by default.
+    telemetry_dir : path, optional
+        Append the per-round and per-client tables (``rounds.csv``,
+        ``clients.csv``, Parquet copies at the end) and the alarm events
+        (``alarms.jsonl``) here as each round ends (``docs/telemetry.md``).
+    tensorboard_dir : path, optional
+        Write TensorBoard scalars (masses, routed loss, arm mix, alarms) here;
+        needs ``fedroute[tensorboard]``.
+    alarm_settings : AlarmSettings, optional
+        Thresholds of the collapse alarms (starvation rounds ``S``,
+        duplication tolerance, dead-federation rounds ``N``).
+    starvation_basin : bool, optional
+        Whether the initial models lie in the certified starvation basin, if
+        the task can tell (:func:`fedroute.monitoring.alarms.starvation_basin`).
+    progress_interval : float or None, default 5.0
+        Seconds between progress lines (round, ETA, masses) at INFO; ``None`` for none.
     """
 
     def __init__(
@@ -90,6 +119,12 @@ class ClusteredRouting(Strategy):
         client_config: Optional[Mapping[str, Any]] = None,
         node_wait_timeout: float = 120.0,
         checkpoint_dir: Optional[str | Path] = None,
+        label: Optional[str] = None,
+        telemetry_dir: Optional[str | Path] = None,
+        tensorboard_dir: Optional[str | Path] = None,
+        alarm_settings: AlarmSettings = AlarmSettings(),
+        starvation_basin: Optional[bool] = None,
+        progress_interval: Optional[float] = 5.0,
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train = {fraction_train} is invalid; allowed: (0, 1]")
@@ -117,18 +152,50 @@ class ClusteredRouting(Strategy):
         self.cluster_models: list[dict[str, NDArray]] = []
         self.routing_masses: Optional[NDArray[np.float64]] = None
         self.provisional_masses: Optional[NDArray[np.float64]] = None
-        self.history: list[dict[str, Any]] = []
-        self.client_routes: dict[int, dict[int, int]] = {}
+        self.label = label or run_key
+        self.telemetry_dir = Path(telemetry_dir) if telemetry_dir is not None else None
+        self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir is not None else None
+        self.alarm_settings = alarm_settings
+        self.starvation_basin = starvation_basin
+        self.progress_interval = progress_interval
+        self.history: list[RoundRecord] = []
+        """One :class:`~fedroute.strategies.results.RoundRecord` per training round."""
+        self.client_routes: ClientRoutes = {}
+        """Round ``t`` → client id → executed hard route."""
         self.final_evaluation: list[EvaluateReply] = []
-        self.rejected: list[dict[str, Any]] = []
+        """The validated replies of the final controller-free evaluation."""
+        self.rejected: list[RejectedReply] = []
+        """Every rejected reply, with the reason."""
+        self.cluster_train_metrics: dict[int, dict[int, MetricRecord]] = {}
+        """Server round → cluster → the ``train_fn`` metrics of its clients, averaged by ``num-examples``."""
+        self.server_evaluation: dict[int, dict[int, MetricRecord]] = {}
+        """Server round (0 = initial models) → cluster → what ``evaluate_fn`` returned for that cluster's model."""
+        self.recorder: Optional[RunRecorder] = None
+        self._reply_nodes: dict[int, int] = {}
         self._num_rounds = 0
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def alarms(self) -> list[Alarm]:
+        """Every collapse alarm raised so far (:class:`~fedroute.monitoring.alarms.Alarm`)."""
+        return [] if self.recorder is None else list(self.recorder.alarms.alarms)
+
+    def _recorder(self) -> RunRecorder:
+        """The run's recorder (made on first use, also when :meth:`aggregate_train` is called directly)."""
+        if self.recorder is None:
+            self.recorder = RunRecorder(
+                self.label, self.num_clusters, self.routing.controllers, self._num_rounds,
+                alarm_settings=self.alarm_settings, starvation_basin=self.starvation_basin,
+                telemetry_dir=self.telemetry_dir, tensorboard_dir=self.tensorboard_dir,
+                progress_interval=self.progress_interval, logger=logger)
+        return self.recorder
+
     def summary(self) -> None:
         """Log the configuration."""
-        logger.info("ClusteredRouting: K=%d, controllers=%s, mode=%s, synchronized entry=%s, fraction=%.2f",
-                    self.num_clusters, ",".join(self.routing.controllers), self.routing.exp3_mode,
-                    self.routing.synchronized_entry, self.fraction_train)
+        logger.info("[%s] %s: K=%d, %d rounds, controllers=%s, mode=%s, synchronized entry=%s, fraction=%.2f",
+                    self.label, type(self).__name__, self.num_clusters, self._num_rounds,
+                    ",".join(self.routing.controllers), self.routing.exp3_mode, self.routing.synchronized_entry,
+                    self.fraction_train)
 
     def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """Wait for enough nodes, then sample deterministically from (seed, round).
@@ -199,7 +266,7 @@ class ClusteredRouting(Strategy):
     def _valid(self, replies: Iterable[Message], validate: Callable[[Mapping[str, Any]], Any],
                server_round: int, phase: str) -> list[Any]:
         """Validate replies; log and record every rejected one; drop duplicates per client."""
-        accepted = []
+        accepted, nodes = [], []
         for message in replies:
             node_id = message.metadata.src_node_id
             if message.has_error():
@@ -207,16 +274,23 @@ class ClusteredRouting(Strategy):
                 continue
             try:
                 accepted.append(validate(message.content))
+                nodes.append(node_id)
             except ReplyRejected as error:
                 self._reject(server_round, phase, node_id, str(error))
         kept, duplicates = first_reply_per_client(accepted)
         for duplicate in duplicates:
             self._reject(server_round, phase, -1, f"duplicate reply for client {duplicate.client_id}")
+        self._reply_nodes = {}
+        for reply, node_id in zip(accepted, nodes):
+            self._reply_nodes.setdefault(reply.client_id, node_id)
         return sorted(kept, key=lambda reply: reply.client_id)
 
     def _reject(self, server_round: int, phase: str, node_id: int, reason: str) -> None:
         logger.warning("round %d (%s): rejected reply from node %s: %s", server_round, phase, node_id, reason)
-        self.rejected.append({"server_round": server_round, "phase": phase, "node_id": node_id, "reason": reason})
+        entry: RejectedReply = {"server_round": server_round, "phase": phase, "node_id": node_id, "reason": reason}
+        self.rejected.append(entry)
+        if phase != protocol.PHASE_TRAIN:
+            self._recorder().rejected_outside_rounds([entry])
 
     # ------------------------------------------------------------------ the run
     def start(  # type: ignore[override]
@@ -245,13 +319,26 @@ class ClusteredRouting(Strategy):
         train_config, evaluate_config : ConfigRecord, optional
             Extra entries for training / evaluation messages.
         evaluate_fn : callable, optional
-            Server-side evaluation of the packed models, as in Flower.
+            Server-side evaluation, as in Flower: ``evaluate_fn(server_round,
+            arrays) -> MetricRecord | None``, called for each cluster model
+            (``arrays`` = that model's ArrayRecord, so a ``FedAvg``
+            ``evaluate_fn`` works unchanged) on the initial models
+            (``server_round = 0``) and after every round.  The records are kept
+            per cluster in :attr:`server_evaluation` and, with keys
+            ``cluster-<k>/<name>``, in ``Result.evaluate_metrics_serverapp``.
 
         Returns
         -------
         flwr.serverapp.strategy.Result
-            ``arrays`` holds the ``K`` final models packed; see also
-            :attr:`cluster_models`, :attr:`history` and :attr:`final_evaluation`.
+            ``arrays`` holds the ``K`` final models packed (unpack them with
+            :func:`fedroute.unpack_cluster_models` or
+            :func:`fedroute.cluster_models_to_torch`); see also
+            :attr:`cluster_models`, :attr:`history`, :attr:`final_evaluation` and :attr:`alarms`.
+
+        Raises
+        ------
+        fedroute.monitoring.alarms.DeadFederation
+            When no valid reply arrived for ``alarm_settings.dead_rounds`` rounds in a row.
         """
         if num_rounds < 1:
             raise ValueError(f"num_rounds = {num_rounds} is invalid; allowed: an integer ≥ 1")
@@ -265,35 +352,58 @@ class ClusteredRouting(Strategy):
             packed = pack_cluster_models(self.cluster_models)
         self.round_timeout = timeout or self.round_timeout
         self._num_rounds = num_rounds
+        ensure_console_handler(logger)
         self.summary()
+        self.recorder = None
         first_round = self._restore() + 1
-        if first_round == 1:
-            if self.routing.synchronized_entry:
-                self._provisional_greedy(grid)
-            self.routing_masses = self.provisional_masses
+        recorder = self._recorder()
+        recorder.start(first_round, self.history)
         result = Result()
-        train_config = train_config or ConfigRecord()
-        for server_round in range(first_round, num_rounds + 1):
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, pack_cluster_models(self.cluster_models), train_config, grid),
-                timeout=self.round_timeout,
-            )
-            arrays, metrics = self.aggregate_train(server_round, replies)
-            if metrics is not None:
-                result.train_metrics_clientapp[server_round] = metrics
-            self._save(server_round)
-            if evaluate_fn is not None and arrays is not None:
-                evaluated = evaluate_fn(server_round, arrays)
-                if evaluated is not None:
-                    result.evaluate_metrics_serverapp[server_round] = evaluated
-        packed = pack_cluster_models(self.cluster_models)
-        evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
-        if evaluation:
-            metrics = self.aggregate_evaluate(num_rounds, grid.send_and_receive(evaluation, timeout=self.round_timeout))
-            if metrics is not None:
-                result.evaluate_metrics_clientapp[num_rounds] = metrics
+        try:
+            if first_round == 1:
+                self._evaluate_on_server(0, evaluate_fn, result)
+                if self.routing.synchronized_entry:
+                    self._provisional_greedy(grid)
+                self.routing_masses = self.provisional_masses
+            train_config = train_config or ConfigRecord()
+            for server_round in range(first_round, num_rounds + 1):
+                replies = grid.send_and_receive(
+                    self.configure_train(server_round, pack_cluster_models(self.cluster_models), train_config, grid),
+                    timeout=self.round_timeout,
+                )
+                arrays, metrics = self.aggregate_train(server_round, replies)
+                if metrics is not None:
+                    result.train_metrics_clientapp[server_round] = metrics
+                self._save(server_round)
+                recorder.commit()
+                if (dead := recorder.alarms.dead) is not None:
+                    raise DeadFederation(dead.message)
+                self._evaluate_on_server(server_round, evaluate_fn, result)
+            packed = pack_cluster_models(self.cluster_models)
+            evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
+            if evaluation:
+                metrics = self.aggregate_evaluate(num_rounds,
+                                                  grid.send_and_receive(evaluation, timeout=self.round_timeout))
+                if metrics is not None:
+                    result.evaluate_metrics_clientapp[num_rounds] = metrics
+        finally:
+            recorder.close()
         result.arrays = packed
         return result
+
+    def _evaluate_on_server(self, server_round: int, evaluate_fn: Optional[Callable[[int, ArrayRecord],
+                            Optional[MetricRecord]]], result: Result) -> None:
+        """``evaluate_fn`` on each cluster model (what evaluation uses: see :meth:`_broadcast_models`)."""
+        if evaluate_fn is None:
+            return
+        records = {}
+        for cluster, model in enumerate(self._broadcast_models(MessageType.EVALUATE)):
+            record = evaluate_fn(server_round, array_record(model))
+            if record is not None:
+                records[cluster] = record
+        if records:
+            self.server_evaluation[server_round] = records
+            result.evaluate_metrics_serverapp[server_round] = cluster_metric_record(records)
 
     # ------------------------------------------------------------ checkpoints
     def _identity(self) -> dict[str, Any]:
@@ -325,6 +435,7 @@ class ClusteredRouting(Strategy):
             "history": self.history,
             "client_routes": {str(t): {str(c): r for c, r in routes.items()} for t, routes in self.client_routes.items()},
             "rejected": self.rejected,
+            "alarms": self._recorder().alarms.state_dict(),
         }
         save_checkpoint(self.checkpoint_dir, self._checkpoint_arrays(), meta)
 
@@ -345,6 +456,8 @@ class ClusteredRouting(Strategy):
         self.client_routes = {int(t): {int(c): int(r) for c, r in routes.items()}
                               for t, routes in meta["client_routes"].items()}
         self.rejected = list(meta["rejected"])
+        if "alarms" in meta:
+            self._recorder().alarms.load_state_dict(meta["alarms"])
         self.resumed_from_round = int(meta["server_round"])
         logger.warning("resuming from the checkpoint of round %d in %s", self.resumed_from_round, self.checkpoint_dir)
         return self.resumed_from_round
@@ -383,8 +496,9 @@ class ClusteredRouting(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Validate, hard-update per cluster, compute masses, record the round."""
+        """Validate, hard-update per cluster, compute masses, record the round (telemetry and alarms)."""
         template = self.cluster_models[0]
+        rejected_before = len(self.rejected)
         valid: list[TrainReply] = self._valid(replies, self._validate_train, server_round, "train")
         previous = [dict(model) for model in self.cluster_models]
         if valid:
@@ -398,47 +512,30 @@ class ClusteredRouting(Strategy):
             self._after_hard_update(valid)
         else:
             logger.warning("round %d: no valid reply; cluster models and masses unchanged", server_round)
-            routes, weights = np.zeros(0, dtype=np.int64), np.zeros(0)
-        record = self._round_record(server_round, valid, routes, weights)
-        for cluster, (before, after) in enumerate(zip(previous, self.cluster_models)):
-            record[f"changed_{cluster}"] = any(not np.array_equal(before[name], after[name]) for name in before)
-        self.history.append(record)
+        changed = [any(not np.array_equal(before[name], after[name]) for name in before)
+                   for before, after in zip(previous, self.cluster_models)]
+        replies_seen = ClientReplies.from_metrics(
+            [reply.client_id for reply in valid], [self._reply_nodes.get(reply.client_id) for reply in valid],
+            [reply.cluster for reply in valid], [reply.num_examples for reply in valid],
+            [reply.metrics for reply in valid], self.num_clusters)
+        record = self._recorder().round(
+            server_round, replies_seen, self.routing_masses, changed,
+            [entry for entry in self.rejected[rejected_before:] if entry["phase"] == protocol.PHASE_TRAIN],
+            time.monotonic() - getattr(self, "_round_started", time.monotonic()))
+        self.history.append(record)  # type: ignore[arg-type]
         self.client_routes[server_round - 1] = {reply.client_id: reply.cluster for reply in valid}
-        played = [reply.metrics.get(protocol.ROUNDS_PLAYED, -1) for reply in valid]
-        record["min_rounds_played"] = int(min(played, default=-1))
-        record["max_rounds_played"] = int(max(played, default=-1))
-        record["exp3_weight_spread"] = float(max(
-            (np.ptp(reply.metrics.get(protocol.EXP3_LOG_WEIGHTS, [0.0])) for reply in valid), default=0.0))
+        cluster_metrics = aggregate_cluster_metrics(
+            [(reply.cluster, reply.num_examples, reply.train_metrics) for reply in valid])
+        if cluster_metrics:
+            self.cluster_train_metrics[server_round] = cluster_metrics
         metrics = MetricRecord({
             "num-valid-replies": len(valid),
             "masses": [float(m) for m in (self.routing_masses if self.routing_masses is not None
                                           else np.zeros(self.num_clusters))],
             "routed-train-loss": float(record["routed_train_loss"]),
+            **cluster_metric_record(cluster_metrics),
         })
         return pack_cluster_models(self.cluster_models), metrics
-
-    def _round_record(self, server_round: int, valid: list[TrainReply], routes: NDArray[np.int64],
-                      weights: NDArray[np.float64]) -> dict[str, Any]:
-        """One row of the per-round history."""
-        masses = self.routing_masses if self.routing_masses is not None else np.zeros(self.num_clusters)
-        routed = [reply.metrics[protocol.LOSSES][reply.cluster] for reply in valid]
-        record: dict[str, Any] = {
-            "server_round": server_round,
-            "round_index": server_round - 1,
-            "num_replies": len(valid),
-            "routed_train_loss": float(np.average(routed, weights=weights)) if valid else float("nan"),
-            "mean_feedback": float(np.mean([r.metrics.get(protocol.FEEDBACK, np.nan) for r in valid]))
-            if valid else float("nan"),
-            "entered": int(sum(bool(r.metrics.get(protocol.ENTERED, 0)) for r in valid)),
-            "released": int(sum(bool(r.metrics.get(protocol.RELEASED, 0)) for r in valid)),
-            "rejected": sum(1 for r in self.rejected if r["server_round"] == server_round and r["phase"] == "train"),
-            "seconds": time.monotonic() - getattr(self, "_round_started", time.monotonic()),
-        }
-        counts = np.bincount(routes, minlength=self.num_clusters)
-        for cluster in range(self.num_clusters):
-            record[f"mass_{cluster}"] = float(masses[cluster])
-            record[f"routed_{cluster}"] = int(counts[cluster])
-        return record
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

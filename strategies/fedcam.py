@@ -12,6 +12,7 @@ controller-free evaluation is that of the combined predictor.  See
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -67,8 +68,7 @@ class FedCAM(ClusteredRouting):
         template = self.cluster_models[0]
         reply = validate_train_reply(content, self.num_clusters, template)
         global_part = validate_model_record(content, protocol.GLOBAL_MODEL, template)
-        return TrainReply(client_id=reply.client_id, cluster=reply.cluster, num_examples=reply.num_examples,
-                          model=reply.model, metrics=reply.metrics, extras={protocol.GLOBAL_MODEL: global_part})
+        return replace(reply, extras={protocol.GLOBAL_MODEL: global_part})
 
     def _after_hard_update(self, valid: list[TrainReply]) -> None:
         template = self.cluster_models[0]

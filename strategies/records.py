@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
@@ -35,17 +35,42 @@ def pack_cluster_models(cluster_models: Sequence[Mapping[str, NDArray]]) -> Arra
     return array_record(packed)
 
 
-def unpack_cluster_models(packed: ArrayRecord, num_clusters: int) -> list[dict[str, NDArray]]:
-    """Inverse of :func:`pack_cluster_models`."""
-    models: list[dict[str, NDArray]] = [{} for _ in range(num_clusters)]
+def unpack_cluster_models(packed: ArrayRecord, num_clusters: Optional[int] = None) -> list[dict[str, NDArray]]:
+    """Inverse of :func:`pack_cluster_models`: the ``K`` models as dicts of numpy arrays.
+
+    Parameters
+    ----------
+    packed : ArrayRecord
+        Keys ``cluster-<k>/<array name>`` (e.g. ``Result.arrays`` of ``ClusteredRouting.start``).
+    num_clusters : int, optional
+        ``K``; inferred from the keys (largest ``k`` + 1) when omitted.
+
+    Returns
+    -------
+    list of dict
+        One ``{array name: ndarray}`` per cluster, in the packed order.
+
+    Raises
+    ------
+    ValueError
+        If a key is not ``cluster-<k>/<name>``, names a cluster outside ``0..K-1``,
+        or a cluster has no arrays.
+    """
+    entries = []
     for key, array in packed.items():
         prefix, _, name = key.partition("/")
-        if not prefix.startswith(protocol.CLUSTER_PREFIX) or not name:
+        index = prefix[len(protocol.CLUSTER_PREFIX):]
+        if not prefix.startswith(protocol.CLUSTER_PREFIX) or not name or not index.isdigit():
             raise ValueError(f"packed cluster-model key {key!r} is not 'cluster-<k>/<name>'")
-        cluster = int(prefix[len(protocol.CLUSTER_PREFIX):])
+        entries.append((int(index), name, array))
+    if num_clusters is None:
+        num_clusters = max((cluster for cluster, _, _ in entries), default=-1) + 1
+    models: list[dict[str, NDArray]] = [{} for _ in range(num_clusters)]
+    for cluster, name, array in entries:
         if not 0 <= cluster < num_clusters:
-            raise ValueError(f"packed key {key!r} names cluster {cluster}; allowed: 0..{num_clusters - 1}")
+            raise ValueError(f"packed key 'cluster-{cluster}/{name}' names cluster {cluster}; "
+                             f"allowed: 0..{num_clusters - 1}")
         models[cluster][name] = array.numpy()
-    if any(not model for model in models):
+    if not models or any(not model for model in models):
         raise ValueError(f"packed record does not hold all {num_clusters} cluster models")
     return models

@@ -43,6 +43,8 @@ class TrainReply:
     metrics: dict[str, Any]
     extras: dict[str, dict[str, NDArray]] = field(default_factory=dict)
     """Further validated model records (e.g. FedCAM's global part)."""
+    train_metrics: Optional[dict[str, Any]] = None
+    """The user's ``train_fn`` metrics (MetricRecord ``train-metrics``), if the reply has them."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +58,20 @@ class ProvisionalReply:
 
 @dataclass(frozen=True)
 class EvaluateReply:
-    """A validated evaluation reply (controller-free metrics)."""
+    """A validated evaluation reply (controller-free metrics): an item of ``strategy.final_evaluation``."""
 
     client_id: int
+    """The client's id."""
     num_examples: float
+    """Its training examples (the weight of its vote)."""
     train_losses: NDArray[np.float64]
+    """Loss of each of the ``K`` final models on its training data, shape (K,)."""
     test_losses: NDArray[np.float64]
+    """The same on its held-out data (the training losses if it has none)."""
     group: int
+    """Its latent group if the experiment knows it, else ``-1`` (evaluation metrics only)."""
     metrics: dict[str, Any]
+    """The whole reply MetricRecord."""
 
 
 def _record(content: Mapping[str, Any], key: str, kind: str) -> Any:
@@ -198,7 +206,8 @@ def validate_train_reply(
         _vector(metrics, key, num_clusters)
     _optional_metrics(metrics)
     model = validate_model_record(content, protocol.MODEL, template)
-    return TrainReply(client_id=client_id, cluster=cluster, num_examples=num_examples, model=model, metrics=metrics)
+    return TrainReply(client_id=client_id, cluster=cluster, num_examples=num_examples, model=model, metrics=metrics,
+                      train_metrics=validate_train_metrics(content))
 
 
 def validate_provisional_reply(content: Mapping[str, Any], num_clusters: int) -> ProvisionalReply:
@@ -236,3 +245,27 @@ def first_reply_per_client(replies: list, client_id_of: Optional[Any] = None) ->
 
 
 __all__.append("first_reply_per_client")
+
+MAX_TRAIN_METRICS = 64
+"""Most keys a reply's ``train-metrics`` record may hold."""
+
+
+def validate_train_metrics(content: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    """The optional ``train-metrics`` MetricRecord: at most 64 keys, finite numbers or lists of them; None if absent."""
+    if protocol.TRAIN_METRICS not in content:
+        return None
+    record = content[protocol.TRAIN_METRICS]
+    if not isinstance(record, (MetricRecord, dict)):
+        raise ReplyRejected(f"'{protocol.TRAIN_METRICS}' must be a MetricRecord, got {type(record).__name__}")
+    metrics = dict(record.items())
+    if len(metrics) > MAX_TRAIN_METRICS:
+        raise ReplyRejected(f"'{protocol.TRAIN_METRICS}' holds {len(metrics)} keys; at most {MAX_TRAIN_METRICS}")
+    for key, value in metrics.items():
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(item, bool) or not isinstance(item, (int, float)) or not math.isfinite(item)
+               for item in values):
+            raise ReplyRejected(f"'{protocol.TRAIN_METRICS}' metric '{key}' must be a finite number or a list of them")
+    return metrics
+
+
+__all__.append("validate_train_metrics")

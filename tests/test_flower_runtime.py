@@ -107,6 +107,26 @@ def test_greedy_stays_collapsed_and_exp3_routes_to_both(flower_run: Path) -> Non
     assert summary["exp3"]["rounds_with_two_routed"] > 0
 
 
+def test_flower_telemetry_and_alarms_equal_the_simulators(flower_run: Path, repository: Path, tmp_path: Path) -> None:
+    from fedroute.simulation.recorded import simulate_run
+    from test_telemetry import assert_same_telemetry
+
+    settings = parse_run_config(_full_run_config(repository))
+    simulated = simulate_run(settings, tmp_path)
+    assert_same_telemetry(flower_run, tmp_path)
+    summary = json.loads((flower_run / "summary.json").read_text())
+    for method in settings.methods:
+        assert summary[method]["alarms"] == simulated[method]["alarms"], method
+    greedy = {alarm["kind"]: alarm for alarm in summary["greedy"]["alarms"]}
+    assert greedy["collapsed-entrance"]["raised_round"] == 0 and greedy["collapsed-entrance"]["cleared_round"] is None
+    assert greedy["starvation"]["clusters"] == [1] and greedy["starvation"]["cleared_round"] is None
+    exp3 = summary["exp3"]["alarms"]
+    assert [alarm["kind"] for alarm in exp3][:1] == ["collapsed-entrance"] and exp3[0]["cleared_round"] is not None
+    assert any(alarm["kind"] == "recovery" for alarm in exp3) and not summary["exp3"]["active_alarms"]
+    status = json.loads((flower_run / "status.json").read_text())
+    assert status["state"] == "finished" and status["completed"] == list(settings.methods)
+
+
 def test_malformed_replies_are_rejected_and_good_ones_aggregated(repository: Path, tmp_path: Path) -> None:
     app_dir = tmp_path / "hostile"
     app_dir.mkdir()

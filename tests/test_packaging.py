@@ -7,7 +7,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-SUBPACKAGES = ("client", "strategies", "server", "simulation", "simulation.experiments", "tasks")
+SUBPACKAGES = ("client", "strategies", "server", "simulation", "simulation.experiments", "tasks", "monitoring")
 
 
 def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ from fedroute.strategies.validation import (
 from fedroute.tasks.linear import LinearTask
 
 PUBLIC_API = {"ClusteredRouting", "FedCAM", "RoutingSettings", "method_settings", "cluster_models_from_torch",
+              "cluster_models_to_torch", "unpack_cluster_models", "AlarmSettings",
               "routing_train", "routing_evaluate", "routing_query", "__version__"}
 
 

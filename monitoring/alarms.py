@@ -1,0 +1,420 @@
+"""Collapse alarms: a pure state machine over the rounds of a run.
+
+:class:`AlarmMonitor` is fed one training round at a time (the accepted
+replies' pre-training losses and executed routes, and the reasons of the
+rejected ones) and returns the alarm events of that round: one ``WARNING``
+when an alarm is raised, one ``INFO`` when it clears.  Every alarm it ever
+raised stays in :attr:`AlarmMonitor.alarms` (written to ``summary.json``).
+
+========================  ==============================================================
+kind                      raised when … / cleared when …
+========================  ==============================================================
+``collapsed-entrance``    at the first round with replies: some clusters are nobody's
+                          Greedy choice at ``W^0`` (or ``W^0`` lies in the certified
+                          starvation basin) / each of them is some client's lowest-loss
+                          model again
+``starvation``            a cluster has had no client for ``S`` rounds / it is routed again
+``duplication``           two clusters are equally good for every client (losses within
+                          a relative tolerance) / some client tells them apart again
+``recovery``              (an ``INFO`` event) after collapsed entrance or starvation, every
+                          cluster they named has been routed again and none is active
+``dead-federation``       (``ERROR``) no valid reply for ``N`` rounds in a row: the run
+                          must stop (:class:`DeadFederation`)
+========================  ==============================================================
+
+Rounds are the paper's ``t = server_round - 1``.  Nothing here logs or
+writes: see :func:`log_events` and :mod:`fedroute.monitoring.recorder`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "AlarmSettings", "Alarm", "AlarmEvent", "AlarmMonitor", "DeadFederation", "log_events", "starvation_basin",
+    "task_starvation_basin",
+    "COLLAPSED_ENTRANCE", "STARVATION", "DUPLICATION", "RECOVERY", "DEAD_FEDERATION",
+]
+
+COLLAPSED_ENTRANCE = "collapsed-entrance"
+STARVATION = "starvation"
+DUPLICATION = "duplication"
+RECOVERY = "recovery"
+DEAD_FEDERATION = "dead-federation"
+_COLLAPSE_KINDS = (COLLAPSED_ENTRANCE, STARVATION)
+_MAX_REASONS = 3
+
+
+class DeadFederation(RuntimeError):
+    """No valid reply arrived for ``dead_rounds`` rounds in a row; the message names the first reasons."""
+
+
+@dataclass(frozen=True)
+class AlarmSettings:
+    """When the alarms fire.
+
+    Parameters
+    ----------
+    starvation_rounds : int, default 10
+        ``S``: a cluster unrouted for this many rounds in a row is starving (≥ 1).
+    duplication_tolerance : float, default 1e-3
+        Two clusters are duplicates when, for every client,
+        ``|ℓ_ij - ℓ_ik| ≤ tolerance · max(|ℓ_ij|, |ℓ_ik|)`` (in ``[0, 1)``; 0 = exact ties only).
+    dead_rounds : int, default 3
+        ``N``: rounds in a row without a valid reply before the run stops (≥ 1).
+    """
+
+    starvation_rounds: int = 10
+    duplication_tolerance: float = 1e-3
+    dead_rounds: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("starvation_rounds", "dead_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} = {value!r} is invalid; allowed: an integer ≥ 1")
+        tolerance = self.duplication_tolerance
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+            raise ValueError(f"duplication_tolerance = {tolerance!r} is invalid; allowed: a number in [0, 1)")
+
+
+@dataclass
+class Alarm:
+    """One alarm of a run (a JSON-ready record in ``summary.json`` under ``alarms``).
+
+    Attributes
+    ----------
+    kind : str
+        ``collapsed-entrance``, ``starvation``, ``duplication``, ``recovery`` or ``dead-federation``.
+    level : str
+        ``warning``, ``info`` (recovery) or ``error`` (dead federation).
+    clusters : list of int
+        The clusters it is about (empty for a dead federation).
+    raised_round : int
+        Round ``t`` at which it was raised.
+    message : str
+        What happened and what to do.
+    cleared_round : int or None
+        Round at which it cleared (``None``: still active at the end, or an event).
+    cleared_message : str or None
+        The message logged when it cleared.
+    """
+
+    kind: str
+    level: str
+    clusters: list[int]
+    raised_round: int
+    message: str
+    cleared_round: Optional[int] = None
+    cleared_message: Optional[str] = None
+
+    @property
+    def active(self) -> bool:
+        """Raised and not cleared (events — recovery — are never active)."""
+        return self.kind != RECOVERY and self.cleared_round is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AlarmEvent:
+    """An alarm raised or cleared in one round (what is logged, appended to ``alarms.jsonl``, sent to TensorBoard)."""
+
+    kind: str
+    event: str
+    """``raised`` or ``cleared``."""
+    level: int
+    """The logging level: ``WARNING`` raised, ``INFO`` cleared or recovery, ``ERROR`` dead federation."""
+    round_index: int
+    clusters: tuple[int, ...]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``level`` as its name)."""
+        return {"kind": self.kind, "event": self.event, "level": logging.getLevelName(self.level),
+                "round_index": self.round_index, "clusters": list(self.clusters), "message": self.message}
+
+
+def _names(clusters: Sequence[int]) -> str:
+    clusters = list(clusters)
+    if len(clusters) == 1:
+        return f"cluster {clusters[0]}"
+    return "clusters " + ", ".join(str(k) for k in clusters[:-1]) + f" and {clusters[-1]}"
+
+
+def _rounds(first: int, last: int) -> str:
+    return f"t={first}" if first == last else f"t={first}…{last}"
+
+
+_GREEDY_ADVICE = ("Greedy routing (IFCA) cannot revive it: use EXP3 routing (method exp3) or synchronized entry "
+                  "(method sync-entry), or start the cluster models further apart")
+_CONTROL_ADVICE = ("This method's routing control ({controllers}) may revive it, and a recovery message follows if "
+                   "it does; if it stays starved, let clients explore more (exp3-exploration, "
+                   "reversal-mass-threshold, entry-threshold) or start the cluster models further apart")
+
+
+@dataclass
+class _State:
+    """The monitor's mutable state (everything a resumed run must get back)."""
+
+    entrance_checked: bool = False
+    unrouted: list[int] = field(default_factory=list)
+    silent_rounds: int = 0
+    silent_since: int = -1
+    silent_reasons: list[str] = field(default_factory=list)
+    awaiting: list[int] = field(default_factory=list)
+    revived: list[int] = field(default_factory=list)
+    duplicates: list[list[int]] = field(default_factory=list)
+
+
+class AlarmMonitor:
+    """The alarm state machine of one run (one method).
+
+    Parameters
+    ----------
+    num_clusters : int
+        ``K``.
+    settings : AlarmSettings
+        Thresholds.
+    starvation_basin : bool, optional
+        Whether ``W^0`` lies in the certified starvation basin (known only on
+        the two-group linear task, :func:`starvation_basin`); named in the
+        collapsed-entrance message, and raises it on its own when ``True``.
+    controllers : sequence of str, default ("gr",)
+        The method's controllers: the advice of a collapse alarm depends on
+        whether routing is Greedy only.
+    """
+
+    def __init__(self, num_clusters: int, settings: AlarmSettings = AlarmSettings(),
+                 starvation_basin: Optional[bool] = None, controllers: Sequence[str] = ("gr",)) -> None:
+        self.num_clusters = int(num_clusters)
+        self.settings = settings
+        self.starvation_basin = starvation_basin
+        self._advice = _GREEDY_ADVICE if tuple(controllers) == ("gr",) else \
+            _CONTROL_ADVICE.format(controllers=",".join(controllers))
+        self.alarms: list[Alarm] = []
+        self._state = _State(unrouted=[0] * self.num_clusters)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def active(self) -> list[Alarm]:
+        """Alarms raised and not cleared."""
+        return [alarm for alarm in self.alarms if alarm.active]
+
+    @property
+    def dead(self) -> Optional[Alarm]:
+        """The active dead-federation alarm, if any."""
+        return next((alarm for alarm in self.active if alarm.kind == DEAD_FEDERATION), None)
+
+    @property
+    def rounds_unrouted(self) -> list[int]:
+        """Rounds in a row each cluster has had no client (0 = routed in the last round)."""
+        return list(self._state.unrouted)
+
+    # ------------------------------------------------------------------ one round
+    def observe(
+        self,
+        round_index: int,
+        losses: NDArray[np.float64],
+        routes: NDArray[np.int64],
+        rejected_reasons: Sequence[str] = (),
+    ) -> list[AlarmEvent]:
+        """Update the alarms with round ``t``; return the events it raised and cleared.
+
+        Parameters
+        ----------
+        round_index : int
+            ``t``.
+        losses : ndarray, shape (n, K)
+            The accepted replies' losses of every cluster model before training.
+        routes : ndarray of int, shape (n,)
+            Their executed hard routes.
+        rejected_reasons : sequence of str
+            Why this round's other replies were rejected (named by a dead-federation alarm).
+        """
+        losses = np.asarray(losses, dtype=np.float64).reshape(-1, self.num_clusters)
+        routes = np.asarray(routes, dtype=np.int64).reshape(-1)
+        events: list[AlarmEvent] = []
+        if len(routes) == 0:
+            return self._silent_round(round_index, rejected_reasons)
+        events += self._replies_returned(round_index)
+        routed = np.bincount(routes, minlength=self.num_clusters)
+        preferred = set(np.argmin(losses, axis=1).tolist())
+        if not self._state.entrance_checked:
+            self._state.entrance_checked = True
+            events += self._check_entrance(round_index, preferred)
+        events += self._clear_entrance(round_index, preferred)
+        events += self._check_starvation(round_index, routed)
+        events += self._check_duplication(round_index, losses)
+        events += self._check_recovery(round_index, routed)
+        return events
+
+    def _raise(self, round_index: int, kind: str, clusters: Sequence[int], message: str,
+               level: int = logging.WARNING) -> AlarmEvent:
+        name = {logging.WARNING: "warning", logging.INFO: "info", logging.ERROR: "error"}[level]
+        self.alarms.append(Alarm(kind=kind, level=name, clusters=[int(k) for k in clusters],
+                                 raised_round=int(round_index), message=message))
+        if kind in _COLLAPSE_KINDS:
+            self._state.awaiting = sorted(set(self._state.awaiting) | set(int(k) for k in clusters))
+        return AlarmEvent(kind, "raised", level, int(round_index), tuple(int(k) for k in clusters), message)
+
+    @staticmethod
+    def _clear(alarm: Alarm, round_index: int, message: str) -> AlarmEvent:
+        alarm.cleared_round, alarm.cleared_message = int(round_index), message
+        return AlarmEvent(alarm.kind, "cleared", logging.INFO, int(round_index), tuple(alarm.clusters), message)
+
+    def _active(self, kind: str) -> list[Alarm]:
+        return [alarm for alarm in self.active if alarm.kind == kind]
+
+    def _silent_round(self, round_index: int, reasons: Sequence[str]) -> list[AlarmEvent]:
+        state = self._state
+        if state.silent_rounds == 0:
+            state.silent_since, state.silent_reasons = int(round_index), []
+        state.silent_rounds += 1
+        for reason in reasons:
+            if len(state.silent_reasons) < _MAX_REASONS and reason not in state.silent_reasons:
+                state.silent_reasons.append(str(reason)[:300])
+        if state.silent_rounds != self.settings.dead_rounds or self.dead is not None:
+            return []
+        reasons_text = "; ".join(state.silent_reasons) or "no reply arrived (every node timed out)"
+        message = (f"dead federation: no valid training reply in {state.silent_rounds} rounds in a row "
+                   f"({_rounds(state.silent_since, round_index)}); the run stops. First reasons: {reasons_text}. "
+                   "Check that the ClientApp starts on the nodes (SuperNode logs, `flwr log`), that it replies "
+                   "with fedroute's reply schema (docs/plugin.md), and that round-timeout is long enough")
+        return [self._raise(round_index, DEAD_FEDERATION, [], message, logging.ERROR)]
+
+    def _replies_returned(self, round_index: int) -> list[AlarmEvent]:
+        self._state.silent_rounds = 0
+        return [self._clear(alarm, round_index, f"dead federation cleared at round t={round_index}: valid "
+                            "replies arrived again") for alarm in self._active(DEAD_FEDERATION)]
+
+    def _check_entrance(self, round_index: int, preferred: set[int]) -> list[AlarmEvent]:
+        unattractive = [k for k in range(self.num_clusters) if k not in preferred]
+        if self.starvation_basin and not unattractive and self.num_clusters == 2:
+            unattractive = [1 - min(preferred)]  # the population prefers one cluster even if a sample does not
+        if not unattractive:
+            return []
+        chosen = sorted(preferred)
+        preference = (f"every client prefers cluster {chosen[0]}" if len(chosen) == 1
+                      else "clients prefer only " + _names(chosen))
+        basin = ""
+        if self.starvation_basin is True:
+            basin = ("; W^0 lies in the certified starvation basin of the two-group linear task, so Greedy "
+                     "routing provably never trains it")
+        elif self.starvation_basin is False:
+            basin = "; W^0 lies outside the certified starvation basin, so Greedy routing may still recover"
+        message = (f"collapsed entrance at round t={round_index}: {_names(unattractive)} "
+                   f"{'is' if len(unattractive) == 1 else 'are'} no client's lowest-loss model at W^0 "
+                   f"({preference}){basin}. {self._advice}")
+        return [self._raise(round_index, COLLAPSED_ENTRANCE, unattractive, message)]
+
+    def _clear_entrance(self, round_index: int, preferred: set[int]) -> list[AlarmEvent]:
+        return [self._clear(alarm, round_index, f"collapsed entrance cleared at round t={round_index}: "
+                            f"{_names(alarm.clusters)} {'is' if len(alarm.clusters) == 1 else 'are'} again some "
+                            "client's lowest-loss model")
+                for alarm in self._active(COLLAPSED_ENTRANCE) if set(alarm.clusters) <= preferred]
+
+    def _check_starvation(self, round_index: int, routed: NDArray[np.int64]) -> list[AlarmEvent]:
+        events = []
+        state, limit = self._state, self.settings.starvation_rounds
+        starving = {alarm.clusters[0]: alarm for alarm in self._active(STARVATION)}
+        for k in range(self.num_clusters):
+            if routed[k] > 0:
+                state.unrouted[k] = 0
+                if k in starving:
+                    events.append(self._clear(starving[k], round_index, f"starvation of cluster {k} cleared at "
+                                              f"round t={round_index}: {int(routed[k])} clients routed to it"))
+                continue
+            state.unrouted[k] += 1
+            if state.unrouted[k] >= limit and k not in starving:
+                message = (f"starvation: cluster {k} has had no client for {state.unrouted[k]} rounds "
+                           f"({_rounds(round_index - state.unrouted[k] + 1, round_index)}), so its model is not "
+                           f"trained. {self._advice}")
+                events.append(self._raise(round_index, STARVATION, [k], message))
+        return events
+
+    def _check_duplication(self, round_index: int, losses: NDArray[np.float64]) -> list[AlarmEvent]:
+        tolerance = self.settings.duplication_tolerance
+        scale = np.maximum(np.abs(losses[:, :, None]), np.abs(losses[:, None, :]))
+        equal = np.all(np.abs(losses[:, :, None] - losses[:, None, :]) <= tolerance * scale, axis=0)
+        pairs = [[j, k] for j in range(self.num_clusters) for k in range(j + 1, self.num_clusters) if equal[j, k]]
+        events = []
+        for alarm in self._active(DUPLICATION):
+            if alarm.clusters not in pairs:
+                events.append(self._clear(alarm, round_index, f"duplication of {_names(alarm.clusters)} cleared "
+                                          f"at round t={round_index}: some client now tells them apart"))
+        current = [alarm.clusters for alarm in self._active(DUPLICATION)]
+        for pair in pairs:
+            if pair not in current:
+                message = (f"duplication at round t={round_index}: {_names(pair)} are equally good for every "
+                           f"client (losses within {tolerance:.3g} relative), so they are copies that split their "
+                           "clients at random. Start them from different models (e.g. copies plus noise) or use "
+                           "fewer clusters")
+                events.append(self._raise(round_index, DUPLICATION, pair, message))
+        self._state.duplicates = pairs
+        return events
+
+    def _check_recovery(self, round_index: int, routed: NDArray[np.int64]) -> list[AlarmEvent]:
+        state = self._state
+        if not state.awaiting:
+            return []
+        state.revived = sorted(set(state.revived) | {k for k in state.awaiting if routed[k] > 0})
+        if any(alarm.kind in _COLLAPSE_KINDS for alarm in self.active) or set(state.awaiting) - set(state.revived):
+            return []
+        clusters = list(range(self.num_clusters))
+        message = (f"recovery at round t={round_index}: every cluster starved before ({_names(state.awaiting)}) "
+                   f"is routed again and is some client's lowest-loss model; clients per cluster now: "
+                   f"{', '.join(str(int(count)) for count in routed)}")
+        state.awaiting, state.revived = [], []
+        self.alarms.append(Alarm(kind=RECOVERY, level="info", clusters=clusters, raised_round=int(round_index),
+                                 message=message))
+        return [AlarmEvent(RECOVERY, "raised", logging.INFO, int(round_index), tuple(clusters), message)]
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after a restart (JSON-ready)."""
+        return {"alarms": [alarm.to_dict() for alarm in self.alarms], "state": asdict(self._state)}
+
+    def load_state_dict(self, stored: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self.alarms = [Alarm(**alarm) for alarm in stored["alarms"]]
+        self._state = _State(**stored["state"])
+
+
+def log_events(logger: logging.Logger, label: str, events: Sequence[AlarmEvent]) -> None:
+    """Log each event at its level, prefixed with the run's label (e.g. the method)."""
+    for event in events:
+        logger.log(event.level, "[%s] %s", label, event.message)
+
+
+def starvation_basin(initial_models: NDArray[np.floating], group_parameters: Optional[NDArray[np.floating]],
+                     group_proportions: Optional[NDArray[np.floating]]) -> Optional[bool]:
+    """Whether ``W^0`` lies in the certified starvation basin (two groups, ``K = 2``), else ``None``.
+
+    The basin (``docs/telemetry.md``) is certified for the two-group linear task
+    with ``L_g(w) = ½‖w - θ_g‖²``; a task without group parameters, or with
+    other numbers of groups or clusters, cannot be checked.
+    """
+    if group_parameters is None or group_proportions is None:
+        return None
+    models = np.asarray(initial_models, dtype=np.float64)
+    theta = np.asarray(group_parameters, dtype=np.float64)
+    if models.ndim != 2 or models.shape[0] != 2 or theta.shape != (2, models.shape[1]):
+        return None
+    from fedroute.simulation.metrics import certified_starvation_basin
+
+    return bool(certified_starvation_basin(models, theta, float(np.asarray(group_proportions)[0])))
+
+
+def task_starvation_basin(task: Any, num_clusters: int) -> Optional[bool]:
+    """:func:`starvation_basin` of a task's initial models, from its ``group_parameters`` and
+    ``group_proportions`` if it has them (the linear task), else ``None``."""
+    return starvation_basin(task.initial_models(num_clusters), getattr(task, "group_parameters", None),
+                            getattr(task, "group_proportions", None))

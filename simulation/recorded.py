@@ -1,0 +1,86 @@
+"""A whole run configuration in the batched simulator, recorded like a Flower run.
+
+:func:`simulate_run` takes the same :class:`~fedroute.server.run_config.RunSettings`
+as the ServerApp and writes the same run directory (``status.json``, the
+telemetry tables, ``alarms.jsonl``, ``summary.json``; TensorBoard files when
+enabled) through the same :class:`~fedroute.monitoring.recorder.RunRecorder`,
+so ``fedroute monitor`` reads both alike and a test compares them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from fedroute.monitoring.alarms import task_starvation_basin
+from fedroute.monitoring.recorder import RunRecorder
+from fedroute.server.results import atomic_write_text, write_status
+from fedroute.server.run_config import RunSettings
+from fedroute.simulation.fedcam import simulate_fedcam_batch
+from fedroute.simulation.simulator import recording, simulate
+from fedroute.simulation.summary import run_summary
+
+__all__ = ["simulate_run"]
+
+
+def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progress: bool = False) -> dict[str, Any]:
+    """Simulate every method of ``settings``; return the summaries (alarms included).
+
+    Parameters
+    ----------
+    settings : RunSettings
+        From :func:`~fedroute.server.run_config.parse_run_config` (every client
+        takes part in every round: ``fraction_train`` must be 1).
+    directory : Path, optional
+        Write the run directory here.
+    progress : bool
+        Log progress lines (``settings.progress_interval``).
+
+    Returns
+    -------
+    dict
+        Method → summary (as in ``summary.json``).
+    """
+    if settings.fraction_train != 1.0:
+        raise ValueError(f"fraction-train = {settings.fraction_train}: the simulator runs every client every round; "
+                         "allowed: 1.0")
+    task, methods = settings.task, list(settings.methods)
+    clients = task.clients(np.arange(task.num_clients))
+    plan = {"methods": methods, "num_rounds": settings.num_rounds,
+            "num_clusters": {method: settings.routing[method].num_clusters for method in methods}}
+    summaries: dict[str, Any] = {}
+    for method in methods:
+        if directory is not None:
+            write_status(directory, "running", **plan, current_method=method, completed=list(summaries))
+        routing = settings.routing[method]
+        recorder = RunRecorder(
+            method, routing.num_clusters, routing.controllers, settings.num_rounds,
+            alarm_settings=settings.alarm_settings,
+            starvation_basin=task_starvation_basin(task, routing.num_clusters),
+            telemetry_dir=directory,
+            tensorboard_dir=directory / "tensorboard" / method if directory is not None and settings.tensorboard
+            else None,
+            progress_interval=settings.progress_interval if progress else None)
+        recorder.start()
+        try:
+            if method == "fedcam":
+                batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
+                                              on_round=recording(recorder))
+                final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
+            else:
+                history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder))
+                final, routes = history.cluster_models[-1], history.routes
+        finally:
+            recorder.close()
+        counts = np.stack([np.bincount(r, minlength=routing.num_clusters) for r in routes])
+        summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
+                                        clients.groups, counts, getattr(task, "group_parameters", None))
+        summaries[method].update(rounds=settings.num_rounds, **recorder.summary())
+        if directory is not None:
+            atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2))
+    if directory is not None:
+        write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
+    return summaries
