@@ -19,10 +19,12 @@ Run: ``python bench/bench_characters.py [--rounds 800] [--loop-rounds 5] [--loop
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
 
 import numpy as np
+from tqdm import tqdm
 
 from fedroute.client.agent import AgentState
 from fedroute.client.fedcam import fedcam_client_round
@@ -87,7 +89,7 @@ def main() -> None:
     batched_per_run_round = {}
     if not args.skip_grid:
         started = time.perf_counter()
-        results = run_characters(config, progress=False)
+        results = run_characters(config, progress=True)
         seconds = time.perf_counter() - started
         print(f"E4 grid: {sum(len(config.cells(m)) for m in config.methods)} runs x T = {config.rounds} "
               f"x {clients_per_run} clients, one process")
@@ -113,7 +115,8 @@ def main() -> None:
             task.initial_models(2)  # pretraining outside the timing
         started = time.perf_counter()
         loop_routes = [per_client_loop(task, spec.settings, method, args.loop_rounds, int(cell["seed"]))
-                       for task, cell in zip(tasks, cells)]
+                       for task, cell in tqdm(list(zip(tasks, cells)), desc=f"{method} per-client loop",
+                                              unit="run", file=sys.stderr)]
         loop_seconds = time.perf_counter() - started
         batch = spec.simulate(tasks, spec.settings, args.loop_rounds, [int(cell["seed"]) for cell in cells])
         same = all(np.array_equal(routes, batch.routes[:, index]) for index, routes in enumerate(loop_routes))

@@ -15,7 +15,7 @@ from fedroute.simulation.experiments.linear import LinearExperimentConfig, run_l
 
 def main() -> None:
     started = time.perf_counter()
-    run_fig1(Fig1Config())
+    run_fig1(Fig1Config(), progress=True)
     fig1_seconds = time.perf_counter() - started
     print(f"E1 full (20,000 pairs x 10 rho x 200 rounds): {fig1_seconds:6.1f} s  (target <= 5 s)")
     full = LinearExperimentConfig()
@@ -23,7 +23,7 @@ def main() -> None:
     for method in full.methods:
         config = replace(full, methods=("greedy",) if method == "greedy" else ("greedy", method))
         started = time.perf_counter()
-        run_linear(config)
+        run_linear(config, progress=True)
         seconds = time.perf_counter() - started
         if method != "greedy":
             seconds -= greedy_seconds  # the sweep needs Greedy for the failure cells

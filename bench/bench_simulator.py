@@ -10,9 +10,11 @@ rounds/second of each and their ratio, and checks that both give the same routes
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from fedroute.client.agent import AgentState
 from fedroute.client.round import client_round
@@ -53,7 +55,9 @@ def main() -> None:
     batch = simulate_batch(tasks, settings, args.rounds, [task.seed for task in tasks])
     batched_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    loop_routes = [per_client_loop(task, settings, args.rounds, task.seed) for task in tasks]
+    loop_routes = [per_client_loop(task, settings, args.rounds, task.seed)
+                   for task in tqdm(tasks, desc=f"exp3 per-client loop ({args.rounds} rounds per run)", unit="run",
+                                    file=sys.stderr)]
     loop_seconds = time.perf_counter() - started
     for index, routes in enumerate(loop_routes):
         assert np.array_equal(routes, batch.routes[:, index]), f"run {index} differs"

@@ -10,9 +10,9 @@ raised stays in :attr:`AlarmMonitor.alarms` (written to ``summary.json``).
 kind                      raised when … / cleared when …
 ========================  ==============================================================
 ``collapsed-entrance``    at the first round with replies: some clusters are nobody's
-                          Greedy choice at ``W^0`` (or ``W^0`` lies in the certified
-                          starvation basin) / each of them is some client's lowest-loss
-                          model again
+                          Greedy choice at ``W^0`` (the message adds whether ``W^0`` lies
+                          in the certified starvation basin, where the task can tell) /
+                          each of them is some client's lowest-loss model again
 ``starvation``            a cluster has had no client for ``S`` rounds / it is routed again
 ``duplication``           two clusters are equally good for every client (losses within
                           a relative tolerance) / some client tells them apart again
@@ -168,7 +168,7 @@ class _State:
     unrouted: list[int] = field(default_factory=list)
     silent_rounds: int = 0
     silent_since: int = -1
-    silent_reasons: list[str] = field(default_factory=list)
+    silent_reasons: dict[str, int] = field(default_factory=dict)
     awaiting: list[int] = field(default_factory=list)
     revived: list[int] = field(default_factory=list)
     duplicates: list[list[int]] = field(default_factory=list)
@@ -186,7 +186,8 @@ class AlarmMonitor:
     starvation_basin : bool, optional
         Whether ``W^0`` lies in the certified starvation basin (known only on
         the two-group linear task, :func:`starvation_basin`); named in the
-        collapsed-entrance message, and raises it on its own when ``True``.
+        collapsed-entrance message (the alarm itself comes from the clients' own losses: the basin is a
+        statement about population losses, which a small sample of clients may contradict).
     controllers : sequence of str, default ("gr",)
         The method's controllers: the advice of a collapse alarm depends on
         whether routing is Greedy only.
@@ -276,14 +277,16 @@ class AlarmMonitor:
     def _silent_round(self, round_index: int, reasons: Sequence[str]) -> list[AlarmEvent]:
         state = self._state
         if state.silent_rounds == 0:
-            state.silent_since, state.silent_reasons = int(round_index), []
+            state.silent_since, state.silent_reasons = int(round_index), {}
         state.silent_rounds += 1
-        for reason in reasons:
-            if len(state.silent_reasons) < _MAX_REASONS and reason not in state.silent_reasons:
-                state.silent_reasons.append(str(reason)[:300])
+        for reason in map(str, reasons):
+            if reason in state.silent_reasons or len(state.silent_reasons) < _MAX_REASONS:
+                state.silent_reasons[reason] = state.silent_reasons.get(reason, 0) + 1
         if state.silent_rounds != self.settings.dead_rounds or self.dead is not None:
             return []
-        reasons_text = "; ".join(state.silent_reasons) or "no reply arrived (every node timed out)"
+        reasons_text = "; ".join(f"{reason} ({count} {'replies' if count > 1 else 'reply'})"
+                                 for reason, count in state.silent_reasons.items())
+        reasons_text = reasons_text or "no reply arrived (every node timed out)"
         message = (f"dead federation: no valid training reply in {state.silent_rounds} rounds in a row "
                    f"({_rounds(state.silent_since, round_index)}); the run stops. First reasons: {reasons_text}. "
                    "Check that the ClientApp starts on the nodes (SuperNode logs, `flwr log`), that it replies "
@@ -297,8 +300,6 @@ class AlarmMonitor:
 
     def _check_entrance(self, round_index: int, preferred: set[int]) -> list[AlarmEvent]:
         unattractive = [k for k in range(self.num_clusters) if k not in preferred]
-        if self.starvation_basin and not unattractive and self.num_clusters == 2:
-            unattractive = [1 - min(preferred)]  # the population prefers one cluster even if a sample does not
         if not unattractive:
             return []
         chosen = sorted(preferred)

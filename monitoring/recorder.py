@@ -27,6 +27,7 @@ from fedroute.monitoring.telemetry import (
     client_columns,
     rejected_columns,
     round_record,
+    short_reason,
 )
 
 __all__ = ["RunRecorder", "ALARMS_FILE"]
@@ -122,7 +123,7 @@ class RunRecorder:
         """
         record = round_record(server_round, replies, masses, changed, len(rejected), seconds, self.controllers)
         events = self.alarms.observe(server_round - 1, replies.losses, replies.routes,
-                                     [f"node {entry['node_id']}: {entry['reason']}" for entry in rejected])
+                                     [short_reason(entry["reason"], 200) for entry in rejected])
         log_events(self.logger, self.label, events)
         clients = client_columns(self.label, server_round, replies, self.controllers)
         if rejected:

@@ -21,6 +21,7 @@ import csv
 import io
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -33,7 +34,7 @@ from fedroute.client.controllers import CONTROLLER_IDS
 
 __all__ = [
     "Column", "ROUND_COLUMNS", "CLIENT_COLUMNS", "ROUNDS_FILE", "CLIENTS_FILE", "NOT_REPORTED",
-    "MAX_REASON_LENGTH", "ClientReplies", "column_names", "round_record", "client_columns", "rejected_columns",
+    "MAX_REASON_LENGTH", "short_reason", "ClientReplies", "column_names", "round_record", "client_columns", "rejected_columns",
     "TelemetryWriter", "read_table",
 ]
 
@@ -44,7 +45,22 @@ CLIENTS_FILE = "clients.csv"
 NOT_REPORTED = "none"
 """Controller / arm value when a reply names none (no arm in force, or a FedCAM reply)."""
 MAX_REASON_LENGTH = 300
-"""Rejection reasons are cut to this many characters (newlines become spaces)."""
+"""Rejection reasons are cut to this many characters (see :func:`short_reason`)."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def short_reason(reason: str, length: int = MAX_REASON_LENGTH) -> str:
+    """One line of at most ``length`` characters saying why a reply was rejected.
+
+    A multi-line reason (a client's traceback, e.g. Ray's) keeps its first
+    line's label and its last line (the exception message); colour codes go.
+    """
+    lines = [line.strip() for line in _ANSI.sub("", str(reason)).splitlines() if line.strip()]
+    if len(lines) > 1:
+        label = lines[0].split(":", 1)[0]
+        lines = [f"{label}: … {lines[-1]}"]
+    text = " ".join(" ".join(lines).split())
+    return text if len(text) <= length else text[: length - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -335,7 +351,7 @@ def rejected_columns(method: str, rejected: Sequence[Mapping[str, Any]], num_clu
         "client_id": [-1] * count,
         "node_id": [_node_text(entry["node_id"]) for entry in rejected],
         "accepted": [False] * count,
-        "reject_reason": [" ".join(str(entry["reason"]).split())[:MAX_REASON_LENGTH] for entry in rejected],
+        "reject_reason": [short_reason(entry["reason"]) for entry in rejected],
         "cluster": [-1] * count,
         "num_examples": [math.nan] * count,
         "controller": [NOT_REPORTED] * count,

@@ -101,7 +101,7 @@ def run_sweep(
     ray_address : str, optional
         An existing Ray cluster.
     progress : bool
-        Show a progress bar of chunks done (stderr).
+        Show a progress bar of chunks done, with the method and an ETA (stderr).
 
     Returns
     -------
@@ -111,10 +111,15 @@ def run_sweep(
     from tqdm.auto import tqdm
 
     jobs = [(spec, chunk) for spec in specs for chunk in chunked(cells, chunk_size)]
-    bar = tqdm(total=len(jobs), desc="cells", unit="chunk", disable=not progress, file=sys.stderr)
+    # The bar names the method being simulated (all of them when Ray runs them together) and counts
+    # chunks of `chunk_size` runs of `num_rounds` rounds each; tqdm shows the ETA.
+    bar = tqdm(total=len(jobs), desc=f"{'+'.join(dict.fromkeys(spec.method for spec in specs))} runs",
+               unit="chunk", disable=not progress, file=sys.stderr)
     results: list[Optional[pd.DataFrame]] = [None] * len(jobs)
     if workers <= 1 and ray_address is None:
         for index, (spec, chunk) in enumerate(jobs):
+            bar.set_description(f"{spec.method} ({spec.num_rounds} rounds × {len(chunk)} runs per chunk)",
+                                refresh=False)
             results[index] = _run_chunk(spec, chunk)
             bar.update(1)
     else:

@@ -29,7 +29,7 @@ from fedroute.client.settings import RoutingSettings
 from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.monitoring.recorder import RunRecorder
-from fedroute.monitoring.telemetry import ClientReplies
+from fedroute.monitoring.telemetry import ClientReplies, short_reason
 from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.strategies.checkpoint import load_checkpoint, save_checkpoint
 from fedroute.strategies.records import array_record, arrays_of, pack_cluster_models, unpack_cluster_models
@@ -286,7 +286,8 @@ class ClusteredRouting(Strategy):
         return sorted(kept, key=lambda reply: reply.client_id)
 
     def _reject(self, server_round: int, phase: str, node_id: int, reason: str) -> None:
-        logger.warning("round %d (%s): rejected reply from node %s: %s", server_round, phase, node_id, reason)
+        logger.warning("round %d (%s): rejected reply from node %s: %s", server_round, phase, node_id,
+                       short_reason(reason))
         entry: RejectedReply = {"server_round": server_round, "phase": phase, "node_id": node_id, "reason": reason}
         self.rejected.append(entry)
         if phase != protocol.PHASE_TRAIN:

@@ -8,7 +8,6 @@ malformed replies.
 from __future__ import annotations
 
 import json
-import shutil
 import tomllib
 from types import SimpleNamespace
 from pathlib import Path
@@ -127,20 +126,8 @@ def test_flower_telemetry_and_alarms_equal_the_simulators(flower_run: Path, repo
     assert status["state"] == "finished" and status["completed"] == list(settings.methods)
 
 
-def test_malformed_replies_are_rejected_and_good_ones_aggregated(repository: Path, tmp_path: Path) -> None:
-    app_dir = tmp_path / "hostile"
-    app_dir.mkdir()
-    shutil.copy(repository / "tests" / "apps" / "hostile" / "hostile_client.py", app_dir)
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    config_lines = "\n".join(f"{key} = {json.dumps(value)}" for key, value in defaults.items())
-    (app_dir / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        '[project]\nname = "hostile"\nversion = "0.1.0"\ndependencies = []\n\n'
-        '[tool.flwr.app]\npublisher = "fedroute-tests"\n\n'
-        '[tool.flwr.app.components]\nserverapp = "fedroute.server.app:app"\nclientapp = "hostile_client:app"\n\n'
-        f"[tool.flwr.app.config]\n{config_lines}\n"
-    )
+def test_malformed_replies_are_rejected_and_good_ones_aggregated(test_app, tmp_path: Path) -> None:
+    app_dir = test_app("hostile")
     results_root = tmp_path / "results"
     num_clients, num_rounds = 10, 5
     result = run_flower_app(app_dir, {"method": "exp3", "num-clients": num_clients, "num-server-rounds": num_rounds,

@@ -350,3 +350,86 @@ def test_routing_train_explains_what_is_wrong() -> None:
         routing_train(fedavg_like, context, LinearModel(task.dimension), lambda m: None, loss, 10)
     with pytest.raises(ValueError, match="num_examples"):
         routing_train(message, context, LinearModel(task.dimension), lambda m: None, loss, 0)
+
+
+# ----------------------------------------------------------------------------- results API
+def test_results_api_train_metrics_per_cluster_evaluate_fn_and_final_models() -> None:
+    """train_fn metrics are averaged per cluster like FedAvg's; evaluate_fn runs per cluster from round 0."""
+    from flwr.app import MetricRecord
+
+    from fedroute import cluster_models_to_torch, unpack_cluster_models
+
+    samples = TASK.samples(np.arange(TASK.num_clients))
+    base = linear_user_app(TASK)
+
+    def train(message: Message, context: Context) -> Message:
+        i = int(context.node_config["partition-id"])
+        x, y = (torch.from_numpy(np.ascontiguousarray(a[i])) for a in (samples.train_inputs, samples.train_targets))
+
+        def train_fn(model: torch.nn.Module) -> dict:
+            optimizer = torch.optim.SGD(model.parameters(), lr=TASK.learning_rate)
+            optimizer.zero_grad()
+            loss = 0.5 * torch.mean((model(x) - y) ** 2)
+            loss.backward()
+            optimizer.step()
+            return {"train_loss": loss.detach(), "client": [float(i), 1.0]}  # a 0-d tensor and a list
+
+        return routing_train(message, context, LinearModel(TASK.dimension), train_fn,
+                             lambda model: float(0.5 * torch.mean((model(x) - y) ** 2)), num_examples=len(y))
+
+    evaluated: list[tuple[int, float]] = []
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        weight = arrays["weight"].numpy()  # one cluster's model, as FedAvg's evaluate_fn gets it
+        evaluated.append((server_round, float(weight[0])))
+        return MetricRecord({"norm": float(np.linalg.norm(weight))})
+
+    num_rounds = 4
+    routing = method_settings("exp3", "linear", block_length=2)
+    strategy = ClusteredRouting(routing, min_available_nodes=TASK.num_clients, seed=1, progress_interval=None)
+    initial = linear_initial_models(TASK, 2)
+    result = strategy.start(InProcessGrid({**base, MessageType.TRAIN: train}, TASK.num_clients), initial,
+                            num_rounds=num_rounds, evaluate_fn=evaluate_fn)
+    for server_round in range(1, num_rounds + 1):
+        routes = strategy.client_routes[server_round - 1]
+        for cluster, record in strategy.cluster_train_metrics[server_round].items():
+            members = [client for client, routed in routes.items() if routed == cluster]
+            assert record["client"] == pytest.approx([np.mean(members), 1.0])  # equal num-examples: the mean
+            assert set(record) == {"train_loss", "client"}  # num-examples is the weight, not a metric
+            assert result.train_metrics_clientapp[server_round][f"cluster-{cluster}/client"] == record["client"]
+        assert set(strategy.cluster_train_metrics[server_round]) == set(routes.values())
+    # evaluate_fn: each cluster, on the initial models (round 0) and after every round
+    assert [r for r, _ in evaluated] == [r for r in range(num_rounds + 1) for _ in range(2)]
+    initial_models = [record["weight"].numpy() for record in initial]
+    assert [w for r, w in evaluated if r == 0] == [float(m[0]) for m in initial_models]
+    assert strategy.server_evaluation[0][1]["norm"] == pytest.approx(np.linalg.norm(initial_models[1]))
+    assert set(result.evaluate_metrics_serverapp[0]) == {"cluster-0/norm", "cluster-1/norm"}
+    # the final packed record back as numpy and torch
+    unpacked = unpack_cluster_models(result.arrays)  # K inferred from the keys
+    states = cluster_models_to_torch(result.arrays)
+    assert len(unpacked) == len(states) == 2
+    for k, state in enumerate(states):
+        module = LinearModel(TASK.dimension)
+        module.load_state_dict(state)
+        np.testing.assert_array_equal(module.weight.detach().numpy(), strategy.cluster_models[k]["weight"])
+        np.testing.assert_array_equal(unpacked[k]["weight"], strategy.cluster_models[k]["weight"])
+    assert [alarm.kind for alarm in strategy.alarms][:1] == ["collapsed-entrance"]  # TASK starts collapsed
+
+
+def test_train_fn_metrics_are_checked_on_both_sides() -> None:
+    from fedroute.client.torch_adapter import train_metrics_of
+    from fedroute.strategies.validation import ReplyRejected, validate_train_metrics
+
+    assert train_metrics_of(None) is None
+    assert train_metrics_of({"a": np.float32(0.5), "b": (1, 2)}) == {"a": 0.5, "b": [1.0, 2.0]}
+    with pytest.raises(TypeError, match="'loss'"):
+        train_metrics_of({"loss": "low"})
+    with pytest.raises(TypeError, match="return None, or a dict"):
+        train_metrics_of(0.5)
+    from flwr.app import MetricRecord
+
+    assert validate_train_metrics({"metrics": MetricRecord({})}) is None  # optional
+    with pytest.raises(ReplyRejected, match="'train-metrics' metric 'loss'"):
+        validate_train_metrics({"train-metrics": MetricRecord({"loss": float("nan")})})
+    with pytest.raises(ReplyRejected, match="at most 64"):
+        validate_train_metrics({"train-metrics": MetricRecord({f"m{i}": 1.0 for i in range(65)})})
