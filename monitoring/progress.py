@@ -44,9 +44,16 @@ def format_duration(seconds: float) -> str:
 
 def progress_line(label: str, server_round: int, num_rounds: int, seconds_per_round: float,
                   masses: Optional[Sequence[float]] = None, routed_loss: Optional[float] = None) -> str:
-    """``[exp3] round 12/100 · 0.45 s/round · ETA 40 s · masses 0.55 0.45 · routed loss 0.612``."""
-    parts = [f"[{label}] round {server_round}/{num_rounds}", f"{seconds_per_round:.2f} s/round",
-             f"ETA {format_duration((num_rounds - server_round) * seconds_per_round)}"]
+    """``[exp3] round 12/100 · 0.45 s/round · ETA 40 s · masses 0.55 0.45 · routed loss 0.612``.
+
+    A NaN ``seconds_per_round`` (only the first round, with its start-up, has run) prints no ETA.
+    """
+    parts = [f"[{label}] round {server_round}/{num_rounds}"]
+    if math.isfinite(seconds_per_round):
+        parts += [f"{seconds_per_round:.2f} s/round",
+                  f"ETA {format_duration((num_rounds - server_round) * seconds_per_round)}"]
+    elif server_round < num_rounds:
+        parts.append("ETA after the next round")
     if masses is not None:
         parts.append("masses " + " ".join(f"{m:.2f}" for m in masses))
     if routed_loss is not None and math.isfinite(routed_loss):
@@ -100,9 +107,8 @@ class RoundProgress:
 
     @property
     def seconds_per_round(self) -> float:
-        """Mean wall time per round (after the first one, once there are others)."""
-        if self._first_done is None or self._last_done is None:
+        """Mean wall time per round after the first one (NaN until a second round has run: the first
+        includes start-up, e.g. Ray's, and would make a wild ETA)."""
+        if self._first_done is None or self._last_done is None or self._rounds_done <= 1:
             return math.nan
-        if self._rounds_done <= 1:
-            return self._first_done - self._started
         return (self._last_done - self._first_done) / (self._rounds_done - 1)

@@ -55,10 +55,19 @@ def _run_config_items(items: list[str]) -> dict:
     return values
 
 
-def _overrides(args: argparse.Namespace) -> dict:
-    overrides = _run_config_items(args.run_config)
-    overrides.setdefault("num-clients", args.supernodes)
-    overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+def _checked_overrides(args: argparse.Namespace) -> Optional[dict]:
+    """The run-config overrides of ``flower`` / ``deploy local``, checked before anything starts (None: invalid,
+    reported)."""
+    from fedroute.server.launcher import resolve_run_config
+
+    try:
+        overrides = _run_config_items(args.run_config)
+        overrides.setdefault("num-clients", args.supernodes)
+        overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+        resolve_run_config(args.app_dir, overrides)
+    except ValueError as error:
+        print(f"fedroute: {error}", file=sys.stderr)
+        return None
     return overrides
 
 
@@ -72,13 +81,9 @@ def _failure(kind: str, result) -> int:
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from fedroute.server.launcher import resolve_run_config, run_flower_app
+    from fedroute.server.launcher import run_flower_app
 
-    try:
-        overrides = _overrides(args)
-        resolve_run_config(args.app_dir, overrides)
-    except ValueError as error:
-        print(f"fedroute: {error}", file=sys.stderr)
+    if (overrides := _checked_overrides(args)) is None:
         return 2
     result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True)
     return 0 if result.completed else _failure("Flower", result)
@@ -86,14 +91,9 @@ def _flower(args: argparse.Namespace) -> int:
 
 def _deploy(args: argparse.Namespace) -> int:
     from fedroute.server.deploy import LocalFederation
-    from fedroute.server.launcher import resolve_run_config
     from fedroute.server.results import summary_table
 
-    try:
-        overrides = _overrides(args)
-        resolve_run_config(args.app_dir, overrides)
-    except ValueError as error:
-        print(f"fedroute: {error}", file=sys.stderr)
+    if (overrides := _checked_overrides(args)) is None:
         return 2
     with LocalFederation(args.app_dir, args.supernodes, tls=args.tls, state_dir=args.state_dir) as federation:
         result = federation.run(overrides, timeout=args.timeout, stream=True)

@@ -38,6 +38,11 @@ def test_progress_lines_are_throttled_and_the_pace_leaves_out_start_up() -> None
     line = progress_line("exp3", 4, 10, 2.0, [0.55, 0.45], 0.61234)
     assert line == "[exp3] round 4/10 · 2.00 s/round · ETA 12 s · masses 0.55 0.45 · routed loss 0.6123"
     assert [format_duration(s) for s in (42, 185, 3720, float("nan"))] == ["42 s", "3 min 05 s", "1 h 02 min", "?"]
+    first = RoundProgress(num_rounds=10, clock=clock)
+    clock.now += 30.0  # Ray start-up inside the first round: no ETA from it
+    first.round_done(1)
+    assert progress_line("exp3", 1, 10, first.seconds_per_round, [1.0, 0.0]) == \
+        "[exp3] round 1/10 · ETA after the next round · masses 1.00 0.00"
 
 
 def test_a_run_logs_its_method_round_eta_and_alarms(caplog: pytest.LogCaptureFixture) -> None:
