@@ -135,3 +135,18 @@ def test_simulate_writes_a_run_directory_the_monitor_reads(tmp_path: Path, capsy
     assert view.finished and view.methods == ["greedy"] and len(view.rounds) == 12
     assert main(["simulate", "--run-config", "starvation-rounds=0"]) == 2
     assert "'starvation-rounds'" in capsys.readouterr().err
+
+
+def test_the_serverapp_turns_tensorboard_and_alarm_settings_on_from_the_run_config(repository: Path,
+                                                                                  tmp_path: Path) -> None:
+    from fedroute.server.app import make_strategy
+    from fedroute.server.launcher import resolve_run_config
+
+    config = resolve_run_config(repository, {"tensorboard": True, "starvation-rounds": 7, "progress-interval": 0})
+    settings = parse_run_config(config)
+    strategy = make_strategy(settings, "exp3", tmp_path)
+    assert strategy.tensorboard_dir == tmp_path / "tensorboard" / "exp3" and strategy.telemetry_dir == tmp_path
+    assert strategy.label == "exp3" and strategy.alarm_settings.starvation_rounds == 7
+    assert strategy.progress_interval == 0 and strategy.starvation_basin is True  # the main job's collapsed start
+    assert make_strategy(parse_run_config(resolve_run_config(repository, {})), "exp3", tmp_path).tensorboard_dir \
+        is None
