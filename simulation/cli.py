@@ -37,7 +37,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from fedroute.monitoring.progress import ensure_console_handler
 
     ensure_console_handler(logging.getLogger("fedroute"))
-    summaries = simulate_run(settings, Path(args.out) if args.out else None)
+    summaries = simulate_run(settings, Path(args.out) if args.out else None, progress=True)
     print(json.dumps(summaries, indent=2))
     return 0
 

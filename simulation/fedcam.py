@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional, Sequence
 
 import numpy as np
@@ -9,7 +10,7 @@ import numpy as np
 from fedroute.client.fedcam import combined_models, fedcam_client_round
 from fedroute.client.settings import RoutingSettings
 from fedroute.monitoring.telemetry import ClientReplies, node_id_array
-from fedroute.simulation.simulator import BatchHistory, OnRound, SimulatedRound, concatenate_clients
+from fedroute.simulation.simulator import BatchHistory, OnRound, SimulatedRound, changed_models, concatenate_clients
 from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.tasks.base import Task
 
@@ -55,9 +56,11 @@ def simulate_fedcam_batch(
                              .reshape(num_runs, num_clients))
         masses_record.append(routing_masses(result.routes, num_examples, num_clusters, run_of_client, num_runs))
         if on_round is not None:
-            on_round(SimulatedRound(round_index, _fedcam_replies(clients.client_ids, num_examples, result.losses,
-                                                                 result.routes, num_clusters),
-                                    masses_record[-1], np.any(cluster_models != previous_parts, axis=-1), num_clients))
+            on_round(SimulatedRound(
+                round_index, masses_record[-1], num_clients,
+                replies=partial(_fedcam_replies, clients.client_ids, num_examples, result.losses, result.routes,
+                                num_clusters),
+                changed=partial(changed_models, cluster_models, previous_parts)))
     empty = np.zeros((num_rounds, num_runs, 0))
     return BatchHistory(
         cluster_models=np.stack(combined),

@@ -11,6 +11,7 @@ This module only loops over rounds and records what the experiments need.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, Callable, Optional, Sequence
 
@@ -26,33 +27,40 @@ from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.tasks.base import ClientBatch, Task
 
 __all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
-           "recording"]
+           "recording", "changed_models"]
 
 
-@dataclass(frozen=True)
 class SimulatedRound:
     """What one simulated round did, for an observer (``on_round``) of the simulator.
+
+    The per-client view is built only when asked for (a progress bar pays nothing).
 
     Attributes
     ----------
     round_index : int
         ``t``.
-    replies : ClientReplies
-        Every client of every run (``R·n`` rows, run-major), as a Flower
-        strategy would have received them (node ids ``-1``).
     masses : ndarray, shape (R, K)
         ``μ^t`` after the round.
-    changed : ndarray of bool, shape (R, K)
-        Whether each cluster model changed.
     num_clients : int
         ``n`` per run.
     """
 
-    round_index: int
-    replies: ClientReplies
-    masses: NDArray[np.float64]
-    changed: NDArray[np.bool_]
-    num_clients: int
+    def __init__(self, round_index: int, masses: NDArray[np.float64], num_clients: int,
+                 replies: Callable[[], ClientReplies], changed: Callable[[], NDArray[np.bool_]]) -> None:
+        self.round_index = round_index
+        self.masses = masses
+        self.num_clients = num_clients
+        self._replies, self._changed = replies, changed
+
+    @functools.cached_property
+    def replies(self) -> ClientReplies:
+        """Every client of every run (``R·n`` rows, run-major), as a Flower strategy would have received them."""
+        return self._replies()
+
+    @functools.cached_property
+    def changed(self) -> NDArray[np.bool_]:
+        """Whether each cluster model changed, shape (R, K)."""
+        return self._changed()
 
     def run(self, run: int) -> ClientReplies:
         """The replies of run ``run``."""
@@ -255,8 +263,10 @@ def simulate_batch(
         models = hard_update(models, result.trained_models, decision.routes, num_examples, run_of_client)
         masses = routing_masses(decision.routes, num_examples, num_clusters, run_of_client, num_runs)
         if on_round is not None:
-            on_round(SimulatedRound(round_index, _replies(clients, num_examples, result.losses, decision, state),
-                                    masses, np.any(models != previous_models, axis=-1), num_clients))
+            on_round(SimulatedRound(
+                round_index, masses, num_clients,
+                replies=functools.partial(_replies, clients, num_examples, result.losses, decision, state),
+                changed=functools.partial(changed_models, models, previous_models)))
         arm_in_force = decision.arm[:, None] == np.arange(settings.num_arms)
         if round_index + 1 in kept_rounds:
             record["cluster_models"].append(models)
@@ -285,6 +295,11 @@ def simulate_batch(
         num_examples=num_examples.reshape(num_runs, num_clients),
         detail=extra,
     )
+
+
+def changed_models(models: NDArray, previous: NDArray) -> NDArray[np.bool_]:
+    """Which cluster models of which runs changed, shape (R, K)."""
+    return np.any(models != previous, axis=-1)
 
 
 def _replies(clients: ClientBatch, num_examples: NDArray, losses: NDArray[np.float64], decision: Any,

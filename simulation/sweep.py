@@ -48,8 +48,9 @@ class SweepSpec:
     seed_key : str
         The cell key holding the run's routing seed.
     simulate : callable
-        ``(tasks, settings, num_rounds, seeds) -> history``; the batched
-        simulator by default (FedCAM passes its own).
+        ``(tasks, settings, num_rounds, seeds, on_round=None) -> history``; the
+        batched simulator by default (FedCAM passes its own).  ``on_round`` drives
+        the progress bar.
     """
 
     method: str
@@ -68,9 +69,11 @@ def chunked(cells: Sequence[Cell], chunk_size: int) -> list[list[Cell]]:
     return [list(cells[start:start + chunk_size]) for start in range(0, len(cells), chunk_size)]
 
 
-def _run_chunk(spec: SweepSpec, cells: list[Cell]) -> pd.DataFrame:
+def _run_chunk(spec: SweepSpec, cells: list[Cell], on_round: Optional[Callable[[Any], None]] = None) -> pd.DataFrame:
     tasks = [spec.make_task(cell) for cell in cells]
-    history = spec.simulate(tasks, spec.settings, spec.num_rounds, [int(cell[spec.seed_key]) for cell in cells])
+    seeds = [int(cell[spec.seed_key]) for cell in cells]
+    history = spec.simulate(tasks, spec.settings, spec.num_rounds, seeds,
+                            **({} if on_round is None else {"on_round": on_round}))
     table = spec.reduce(history, tasks, cells)
     table.insert(0, "method", spec.method)
     return table
@@ -101,7 +104,7 @@ def run_sweep(
     ray_address : str, optional
         An existing Ray cluster.
     progress : bool
-        Show a progress bar of chunks done, with the method and an ETA (stderr).
+        Show a progress bar of simulated rounds, with the method, the chunk and an ETA (stderr).
 
     Returns
     -------
@@ -111,17 +114,15 @@ def run_sweep(
     from tqdm.auto import tqdm
 
     jobs = [(spec, chunk) for spec in specs for chunk in chunked(cells, chunk_size)]
-    # The bar names the method being simulated (all of them when Ray runs them together) and counts
-    # chunks of `chunk_size` runs of `num_rounds` rounds each; tqdm shows the ETA.
-    bar = tqdm(total=len(jobs), desc=f"{'+'.join(dict.fromkeys(spec.method for spec in specs))} runs",
-               unit="chunk", disable=not progress, file=sys.stderr)
+    # The bar counts simulated rounds (every run of a chunk advances together) and names the method
+    # and chunk; tqdm shows the ETA.  Ray workers report whole chunks.
+    bar = tqdm(total=sum(spec.num_rounds for spec, _ in jobs), unit="round", disable=not progress, file=sys.stderr,
+               desc=f"{'+'.join(dict.fromkeys(spec.method for spec in specs))}")
     results: list[Optional[pd.DataFrame]] = [None] * len(jobs)
     if workers <= 1 and ray_address is None:
         for index, (spec, chunk) in enumerate(jobs):
-            bar.set_description(f"{spec.method} ({spec.num_rounds} rounds × {len(chunk)} runs per chunk)",
-                                refresh=False)
-            results[index] = _run_chunk(spec, chunk)
-            bar.update(1)
+            bar.set_description(f"{spec.method}, chunk {index + 1}/{len(jobs)} ({len(chunk)} runs)", refresh=False)
+            results[index] = _run_chunk(spec, chunk, (lambda _: bar.update(1)) if progress else None)
     else:
         import ray
 
@@ -135,8 +136,9 @@ def run_sweep(
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for reference in done:
-                    results[pending.pop(reference)] = ray.get(reference)
-                    bar.update(1)
+                    index = pending.pop(reference)
+                    results[index] = ray.get(reference)
+                    bar.update(jobs[index][0].num_rounds)
         finally:
             if started_here:
                 ray.shutdown()

@@ -122,15 +122,18 @@ def test_rejected_replies_are_rows_with_their_reason(tmp_path: Path) -> None:
     recorder = RunRecorder("greedy", 2, ("gr",), 3, telemetry_dir=tmp_path, progress_interval=None)
     recorder.start()
     replies = _replies(3, 0)
-    rejected = [{"server_round": 1, "phase": "train", "node_id": 77, "reason": "metric 'losses' has\nNaN"}]
+    traceback = "error reply: Traceback (most recent call last):\n  File \"client.py\", line 3\nRuntimeError: disk full"
+    rejected = [{"server_round": 1, "phase": "train", "node_id": 77, "reason": traceback},
+                {"server_round": 1, "phase": "train", "node_id": 79, "reason": "x" * 1000}]
     record = recorder.round(1, replies, np.array([1.0, 0.0]), [True, False], rejected)
     recorder.rejected_outside_rounds([{"server_round": 3, "phase": "evaluate", "node_id": 78, "reason": "late"}])
     recorder.close()
-    assert record["rejected"] == 1 and record["num_replies"] == 3
+    assert record["rejected"] == 2 and record["num_replies"] == 3
     clients = read_table(tmp_path / CLIENTS_FILE)
     bad = clients[~clients.accepted]
-    assert bad.reject_reason.tolist() == ["metric 'losses' has NaN", "late"]
-    assert bad.phase.tolist() == ["train", "evaluate"] and bad.node_id.tolist() == ["77", "78"]
+    # one line each: a client's traceback keeps its label and its last line; a long reason is cut
+    assert bad.reject_reason.tolist() == ["error reply: … RuntimeError: disk full", "x" * 299 + "…", "late"]
+    assert bad.phase.tolist() == ["train", "train", "evaluate"] and bad.node_id.tolist() == ["77", "79", "78"]
     assert (bad.cluster == -1).all() and bad.loss_0.isna().all()
 
 

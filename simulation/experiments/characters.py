@@ -423,9 +423,9 @@ def reduce_characters(history: BatchHistory, tasks: Sequence[CharactersTask], ce
     return pd.DataFrame(rows)
 
 
-def _simulate_fedcam(tasks, settings, num_rounds, seeds, model_rounds=None) -> BatchHistory:
+def _simulate_fedcam(tasks, settings, num_rounds, seeds, model_rounds=None, on_round=None) -> BatchHistory:
     """FedCAM through :func:`simulate_fedcam_batch` (it records every state; ``model_rounds`` is applied after)."""
-    history = simulate_fedcam_batch(tasks, settings, num_rounds, seeds)
+    history = simulate_fedcam_batch(tasks, settings, num_rounds, seeds, on_round=on_round)
     if model_rounds is None:
         return history
     return replace(history, cluster_models=history.cluster_models[sorted(set(model_rounds))].copy())
