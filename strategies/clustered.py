@@ -357,40 +357,42 @@ class ClusteredRouting(Strategy):
         self.summary()
         self.recorder = None
         first_round = self._restore() + 1
-        recorder = self._recorder()
-        recorder.start(first_round, self.history)
+        self._recorder().start(first_round, self.history)
         result = Result()
-        try:
-            if first_round == 1:
-                self._evaluate_on_server(0, evaluate_fn, result)
-                if self.routing.synchronized_entry:
-                    self._provisional_greedy(grid)
-                self.routing_masses = self.provisional_masses
-            train_config = train_config or ConfigRecord()
-            for server_round in range(first_round, num_rounds + 1):
-                replies = grid.send_and_receive(
-                    self.configure_train(server_round, pack_cluster_models(self.cluster_models), train_config, grid),
-                    timeout=self.round_timeout,
-                )
-                arrays, metrics = self.aggregate_train(server_round, replies)
-                if metrics is not None:
-                    result.train_metrics_clientapp[server_round] = metrics
-                self._save(server_round)
-                recorder.commit()
-                if (dead := recorder.alarms.dead) is not None:
-                    raise DeadFederation(dead.message)
-                self._evaluate_on_server(server_round, evaluate_fn, result)
-            packed = pack_cluster_models(self.cluster_models)
-            evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
-            if evaluation:
-                metrics = self.aggregate_evaluate(num_rounds,
-                                                  grid.send_and_receive(evaluation, timeout=self.round_timeout))
-                if metrics is not None:
-                    result.evaluate_metrics_clientapp[num_rounds] = metrics
-        finally:
-            recorder.close()
+        if first_round == 1:
+            self._evaluate_on_server(0, evaluate_fn, result)
+            if self.routing.synchronized_entry:
+                self._provisional_greedy(grid)
+            self.routing_masses = self.provisional_masses
+        train_config = train_config or ConfigRecord()
+        for server_round in range(first_round, num_rounds + 1):
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, pack_cluster_models(self.cluster_models), train_config, grid),
+                timeout=self.round_timeout,
+            )
+            arrays, metrics = self.aggregate_train(server_round, replies)
+            if metrics is not None:
+                result.train_metrics_clientapp[server_round] = metrics
+            self._save(server_round)
+            self._round_ended()
+            self._evaluate_on_server(server_round, evaluate_fn, result)
+        packed = pack_cluster_models(self.cluster_models)
+        evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
+        if evaluation:
+            metrics = self.aggregate_evaluate(num_rounds, grid.send_and_receive(evaluation, timeout=self.round_timeout))
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[num_rounds] = metrics
+        self._recorder().close()
         result.arrays = packed
         return result
+
+    def _round_ended(self) -> None:
+        """After a round's checkpoint: its telemetry goes to disk; a dead federation stops the run."""
+        recorder = self._recorder()
+        recorder.commit()
+        if (dead := recorder.alarms.dead) is not None:
+            recorder.close()
+            raise DeadFederation(dead.message)
 
     def _evaluate_on_server(self, server_round: int, evaluate_fn: Optional[Callable[[int, ArrayRecord],
                             Optional[MetricRecord]]], result: Result) -> None:
