@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from fedroute.monitoring.recorder import ALARMS_FILE
+from fedroute.monitoring.recorder import ALARMS_FILE, STATUS_FILE
 from fedroute.monitoring.telemetry import ROUNDS_FILE, read_table
 
 __all__ = ["RunView", "load_run", "render", "run_monitor", "plot_run"]
 
-STATUS_FILE = "status.json"
 _SPARK = "▁▂▃▄▅▆▇█"
 _BAR_WIDTH = 20
 _SPARK_ROUNDS = 40

@@ -30,10 +30,13 @@ from fedroute.monitoring.telemetry import (
     short_reason,
 )
 
-__all__ = ["RunRecorder", "ALARMS_FILE"]
+__all__ = ["RunRecorder", "ALARMS_FILE", "STATUS_FILE"]
 
 ALARMS_FILE = "alarms.jsonl"
 """Alarm events, one JSON object per line, appended as they happen."""
+STATUS_FILE = "status.json"
+"""A run directory's state (``running``, ``finished``, ``failed``) and plan, written by the ServerApp and
+``fedroute simulate``; read by ``fedroute monitor``."""
 
 
 class RunRecorder:

@@ -20,10 +20,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-__all__ = ["write_results", "write_status", "summary_table", "atomic_write_text", "STATUS_FILE"]
+from fedroute.monitoring.recorder import STATUS_FILE
 
-STATUS_FILE = "status.json"
-"""The run's state for ``fedroute monitor``: ``running``, ``finished`` or ``failed``, with the methods."""
+__all__ = ["write_results", "write_status", "summary_table", "atomic_write_text"]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
