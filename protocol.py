@@ -16,6 +16,7 @@ This module imports no Flower: it only names things and converts arrays.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -67,6 +68,19 @@ GROUP = "group"
 
 # Context.state key prefix of a client's controller state.
 STATE_PREFIX = "fedroute-state:"
+
+
+PATH_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""Names that become a file or directory name (run keys): letters, digits, ``.``, ``_``, ``-``."""
+
+
+def check_path_name(name: Any, what: str) -> str:
+    """``name`` if it is safe as one path component (:data:`PATH_NAME`, not ``.`` or ``..``), else ``ValueError``."""
+    if not isinstance(name, str) or not PATH_NAME.fullmatch(name) or name in (".", ".."):
+        shown = repr(name[:40]) + ("…" if len(name) > 40 else "") if isinstance(name, str) else type(name).__name__
+        raise ValueError(f"{what} = {shown} is invalid; allowed: 1-128 characters from [A-Za-z0-9._-], "
+                         "not '.' or '..' (it names a directory)")
+    return name
 
 
 def cluster_key(cluster: int) -> str:

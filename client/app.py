@@ -22,6 +22,7 @@ from fedroute import protocol
 from fedroute.client.handlers import fedcam_reply, reply, routing_reply
 from fedroute.client.round import provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
+from fedroute.strategies.records import decode_array
 from fedroute.tasks.base import ClientBatch
 from fedroute.tasks.registry import task_from_config
 
@@ -42,7 +43,7 @@ def _client(context: Context) -> ClientBatch:
 def _cluster_models(message: Message, num_clusters: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The broadcast models as a (K, P) float array, and cluster 0's arrays as the template."""
     arrays = [
-        {name: array.numpy() for name, array in message.content[protocol.cluster_key(k)].items()}
+        {name: decode_array(array) for name, array in message.content[protocol.cluster_key(k)].items()}
         for k in range(num_clusters)
     ]
     return np.stack([protocol.flatten_arrays(model) for model in arrays]), arrays[0]
@@ -76,7 +77,7 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
                   clients: ClientBatch) -> Message:
     """FedCAM: assignment by the combined predictor, local update of both parts."""
     global_model = protocol.flatten_arrays(
-        {name: array.numpy() for name, array in message.content[protocol.GLOBAL_MODEL].items()})
+        {name: decode_array(array) for name, array in message.content[protocol.GLOBAL_MODEL].items()})
     return fedcam_reply(message, config, clients, models, template, global_model)
 
 

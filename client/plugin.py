@@ -32,13 +32,14 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from flwr.app import Array, Context, Message
+from flwr.app import Context, Message
 
 from fedroute import protocol
 from fedroute.client.handlers import fedcam_reply, num_examples_metric, reply, routing_reply
 from fedroute.client.round import provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
 from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
+from fedroute.strategies.records import decode_array
 
 __all__ = ["routing_train", "routing_evaluate", "routing_query"]
 
@@ -58,45 +59,17 @@ def _settings(config: dict[str, Any]) -> RoutingSettings:
     return RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
 
 
-_NPY_MAGIC = b"\x93NUMPY"
-
-
-def _decoded(array: Array) -> np.ndarray:
-    """An ``Array``'s values without ``np.load`` (read-only view of its bytes).
-
-    ``Array.numpy()`` parses the ``.npy`` header with ``ast.literal_eval``
-    (~0.1 ms per array); the dtype and shape are already fields of the
-    ``Array``, so the payload is read in place.  Anything unusual (another
-    serialisation, Fortran order, a size mismatch) takes ``Array.numpy()``.
-    """
-    data = array.data
-    try:
-        dtype = np.dtype(array.dtype)
-        count = int(np.prod(array.shape, dtype=np.int64))
-        if array.stype != "numpy.ndarray" or data[:6] != _NPY_MAGIC or dtype.hasobject:
-            raise ValueError
-        length_bytes = 2 if data[6] == 1 else 4  # format version 1.0, else 2.0/3.0
-        header_start = 8 + length_bytes
-        offset = header_start + int.from_bytes(data[8:header_start], "little")
-        if b"'fortran_order': False" not in data[header_start:offset] or \
-                len(data) - offset != count * dtype.itemsize:
-            raise ValueError
-        return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(array.shape)
-    except (ValueError, TypeError, IndexError):
-        return array.numpy()
-
-
 def _cluster_models(message: Message, num_clusters: int, client: TorchClient) -> tuple[np.ndarray, dict]:
     """The ``K`` broadcast models as a (K, P) float64 array, and cluster 0's arrays (the reply template)."""
     records = message.content.array_records
     missing = [protocol.cluster_key(k) for k in range(num_clusters) if protocol.cluster_key(k) not in records]
     if missing:
         raise ValueError(f"the message lacks the cluster models {missing} (records: {list(message.content)})")
-    template = {name: _decoded(array) for name, array in records[protocol.cluster_key(0)].items()}
+    template = {name: decode_array(array) for name, array in records[protocol.cluster_key(0)].items()}
     client.check_template(template)
     models = np.empty((num_clusters, client.num_parameters))
     for k in range(num_clusters):
-        arrays = template if k == 0 else {name: _decoded(array)
+        arrays = template if k == 0 else {name: decode_array(array)
                                           for name, array in records[protocol.cluster_key(k)].items()}
         if k:
             client.check_template(arrays)
@@ -191,7 +164,7 @@ def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient,
     """FedCAM: Greedy on the combined parameters ``Θ_glob + Θ_k``, local update of both parts."""
     if protocol.GLOBAL_MODEL not in message.content.array_records:
         raise ValueError(f"a FedCAM message needs the ArrayRecord '{protocol.GLOBAL_MODEL}'")
-    global_arrays = {name: _decoded(array)
+    global_arrays = {name: decode_array(array)
                      for name, array in message.content.array_records[protocol.GLOBAL_MODEL].items()}
     client.check_template(global_arrays)
     return fedcam_reply(message, config, client, models, template, protocol.flatten_arrays(global_arrays))

@@ -8,14 +8,21 @@ With a state directory (node config ``state-dir``, or run config
 ``client-state-dir`` in simulation) the same entries are also written to
 ``<dir>/<run-key>/client-<id>.npz`` atomically, so a restarted SuperNode, or a
 new Flower run resuming a checkpoint, continues where the client was.
+
+A state file that cannot be read (truncated, not an ``.npz``, wrong content)
+is moved aside to ``client-<id>.npz.corrupt-<time>`` with a WARNING and the
+client starts afresh; so does a client whose state is missing after round 0
+(a restarted node without a state directory): it says so at WARNING.  Files
+are written to a temporary file, flushed to disk and renamed.  The run key
+names a directory and must match ``[A-Za-z0-9._-]+``
+(:func:`fedroute.protocol.check_path_name`).
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +30,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context
 
 from fedroute import protocol
+from fedroute.atomic_files import atomic_write
 from fedroute.client.agent import AgentState
 from fedroute.client.settings import RoutingSettings
 
@@ -44,29 +52,37 @@ def _rounds_in_context(context: Context, run_key: str) -> dict[int, str]:
 
 
 def _file(directory: Path, run_key: str, client_id: int) -> Path:
-    return directory / run_key / f"client-{client_id}.npz"
+    protocol.check_path_name(run_key, "run key")
+    if isinstance(client_id, bool) or not isinstance(client_id, (int, np.integer)) or client_id < 0:
+        raise ValueError(f"client id {client_id!r} is invalid; allowed: an integer ≥ 0")
+    return directory / run_key / f"client-{int(client_id)}.npz"
 
 
 def _read_file(path: Path) -> dict[int, dict[str, np.ndarray]]:
+    """The stored states by round; ``{}`` if there is no file, or if it is unreadable (moved aside)."""
     if not path.exists():
         return {}
-    with np.load(path, allow_pickle=False) as stored:
-        states: dict[int, dict[str, np.ndarray]] = {}
-        for name in stored.files:
-            round_text, _, field = name.partition("/")
-            states.setdefault(int(round_text), {})[field] = stored[name]
-    return states
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            states: dict[int, dict[str, np.ndarray]] = {}
+            for name in stored.files:
+                round_text, _, field = name.partition("/")
+                states.setdefault(int(round_text), {})[field] = stored[name]
+        return states
+    except Exception as error:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            aside = path
+        logger.warning("client state file %s cannot be read (%s); moved to %s, the client starts afresh",
+                       path, type(error).__name__, aside.name)
+        return {}
 
 
 def _write_file(path: Path, states: dict[int, dict[str, np.ndarray]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    np.savez(buffer, **{f"{round_index}/{field}": value
-                        for round_index, arrays in states.items() for field, value in arrays.items()})
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "wb") as stream:
-        stream.write(buffer.getvalue())
-    os.replace(temporary, path)
+    atomic_write(path, lambda stream: np.savez(stream, **{
+        f"{round_index}/{field}": value for round_index, arrays in states.items() for field, value in arrays.items()}))
 
 
 def load_agent_state(
@@ -88,12 +104,19 @@ def load_agent_state(
         if on_disk:
             arrays = on_disk[max(on_disk)]
     if arrays is not None:
-        state = AgentState.from_arrays(arrays)
-        if state.exp3_log_weights.shape == (1, settings.num_arms):
+        try:
+            state = AgentState.from_arrays(arrays)
+            fresh = AgentState.initial(1, settings).to_arrays()
+            fits = all(value.shape == fresh[name].shape and value.dtype.kind == fresh[name].dtype.kind
+                       for name, value in state.to_arrays().items())
+        except (KeyError, ValueError, TypeError, IndexError):
+            fits = False
+        if fits:
             return state
         logger.warning("client %d: stored state does not fit the controller set; starting afresh", client_id)
     elif round_index > 0:
-        logger.info("client %d: no stored state before round %d; starting afresh", client_id, round_index)
+        logger.warning("client %d: no stored state before round %d (a restarted node without its state "
+                       "directory?); its controller state starts afresh", client_id, round_index)
     return AgentState.initial(1, settings)
 
 

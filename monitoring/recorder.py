@@ -118,13 +118,16 @@ class RunRecorder:
         changed: Sequence[bool],
         rejected: Sequence[Mapping[str, Any]] = (),
         seconds: float = 0.0,
+        rejected_count: Optional[int] = None,
     ) -> dict[str, Any]:
         """Record training round ``server_round``; return its per-round record (alarms are logged now).
 
         ``rejected`` holds this round's rejected training replies
-        (``server_round``, ``phase``, ``node_id``, ``reason`` each).
+        (``server_round``, ``phase``, ``node_id``, ``reason`` each); ``rejected_count``
+        how many there were if that is more (the strategy keeps at most 100 a round).
         """
-        record = round_record(server_round, replies, masses, changed, len(rejected), seconds, self.controllers)
+        count = len(rejected) if rejected_count is None else rejected_count
+        record = round_record(server_round, replies, masses, changed, count, seconds, self.controllers)
         events = self.alarms.observe(server_round - 1, replies.losses, replies.routes,
                                      [short_reason(entry["reason"], 200) for entry in rejected])
         log_events(self.logger, self.label, events)

@@ -4,9 +4,11 @@ With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
 FedCAM baseline in turn on the same nodes (each with its own client-state namespace), prints a
 per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
 ``status.json`` at once, the telemetry tables and alarm events round by round,
-``summary.json``, the final models and routes as soon as each method ends.
-A run that fails (e.g. a dead federation) records the error and its alarms in
-``summary.json`` and ``status.json`` and stops with the error.
+``summary.json``, the final models and routes as soon as each method ends
+(each file atomically).  A run that fails (e.g. a dead federation) records the
+error and its alarms in ``summary.json`` and ``status.json`` and stops with the
+error.  A method whose final evaluation brought no valid reply gets a summary
+with ``"evaluation": "missing"``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         alarm_settings=settings.alarm_settings,
         starvation_basin=task_starvation_basin(settings.task, routing.num_clusters),
         progress_interval=settings.progress_interval,
+        influence=settings.influence,
     )
 
 
@@ -73,18 +76,23 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     final = np.stack([protocol.flatten_arrays(model) for model in evaluated])
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
-    summary = run_summary(
-        final,
-        np.stack([reply.train_losses for reply in evaluation]),
-        np.stack([reply.test_losses for reply in evaluation]),
-        np.array([reply.group for reply in evaluation]),
-        route_counts,
-        getattr(settings.task, "group_parameters", None),
-    )
+    if evaluation:
+        summary = run_summary(
+            final,
+            np.stack([reply.train_losses for reply in evaluation]),
+            np.stack([reply.test_losses for reply in evaluation]),
+            np.array([reply.group for reply in evaluation]),
+            route_counts,
+            getattr(settings.task, "group_parameters", None),
+        )
+        summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
+    else:
+        logger.warning("%s: no valid evaluation reply; the summary has no evaluation", method)
+        summary = {"evaluation": "missing"}
     rounds_run = settings.num_rounds - strategy.resumed_from_round
     summary.update(rounds=settings.num_rounds, resumed_from_round=strategy.resumed_from_round, wall_seconds=wall,
                    seconds_per_round=wall / max(rounds_run, 1),
-                   rejected_replies=len(strategy.rejected), evaluated_clients=len(evaluation))
+                   rejected_replies=strategy.rejections.total, evaluated_clients=len(evaluation))
     summary.update(strategy.recorder.summary() if strategy.recorder is not None else {})
     return summary
 
@@ -100,6 +108,7 @@ def main(grid: Grid, context: Context) -> None:
         "run_config": dict(context.run_config),
         "task": asdict(settings.task),
         "routing": {method: routing.to_dict() for method, routing in settings.routing.items()},
+        "influence": settings.influence.to_dict(),
     }
     methods = list(settings.methods)
     plan = {"methods": methods, "num_rounds": settings.num_rounds,

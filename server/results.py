@@ -3,15 +3,16 @@
 The per-round and per-client tables (``rounds.csv``, ``clients.csv``, their
 Parquet copies) and ``alarms.jsonl`` are appended round by round by the
 strategies' :class:`~fedroute.monitoring.recorder.RunRecorder`; the files here
-are rewritten atomically whenever a method ends, so a method's results are on
-disk as soon as it is done.
+are rewritten whenever a method ends, so a method's results are on disk as
+soon as it is done.  Each of them is written to a temporary file in the same
+directory, flushed to disk and renamed over the old one
+(:func:`fedroute.atomic_files.atomic_write`): a crash leaves the previous
+complete file or the new one, never a torn file.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -20,6 +21,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.atomic_files import atomic_write
 from fedroute.monitoring.recorder import STATUS_FILE
 
 __all__ = ["write_results", "write_status", "summary_table", "atomic_write_text"]
@@ -27,11 +29,7 @@ __all__ = ["write_results", "write_status", "summary_table", "atomic_write_text"
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as stream:
-        stream.write(text)
-    os.replace(temporary, path)
+    atomic_write(path, lambda stream: stream.write(text), mode="w")
 
 
 def _json_default(value: Any) -> Any:
@@ -85,23 +83,16 @@ def write_results(
     """
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write_text(directory / "config.json", json.dumps(config, indent=2, default=_json_default))
+    tables = {name: table for name, table in (("rounds", rounds), ("routes", routes)) if table is not None}
+    for name, table in tables.items():
+        atomic_write(directory / f"{name}.csv", lambda stream, table=table: table.to_csv(stream, index=False),
+                     mode="w")
+        atomic_write(directory / f"{name}.parquet", lambda stream, table=table: table.to_parquet(stream, index=False))
+    atomic_write(directory / "cluster_models.npz",
+                 lambda stream: np.savez(stream, **{name: np.asarray(value) for name, value in cluster_models.items()}))
+    # Last: a summary.json that lists a method means its other files are complete.
     atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2, default=_json_default))
-    if rounds is not None:
-        rounds.to_csv(directory / "rounds.csv", index=False)
-        rounds.to_parquet(directory / "rounds.parquet", index=False)
-    if routes is not None:
-        _atomic(directory / "routes.csv", lambda path: routes.to_csv(path, index=False))
-        _atomic(directory / "routes.parquet", lambda path: routes.to_parquet(path, index=False))
-    _atomic(directory / "cluster_models.npz", lambda path: np.savez(
-        path, **{name: np.asarray(value) for name, value in cluster_models.items()}))
     return directory
-
-
-def _atomic(path: Path, write: Any) -> None:
-    """``write(temporary)`` then rename onto ``path``."""
-    temporary = path.with_name(f".{path.name}.partial{path.suffix}")
-    write(temporary)
-    os.replace(temporary, path)
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional
 
 from fedroute.client.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
+from fedroute.strategies.influence import AGGREGATION_RULES, InfluenceBounds
 from fedroute.strategies.methods import METHODS, method_settings
 from fedroute.tasks.base import Task
 from fedroute.tasks.registry import task_from_config
@@ -67,28 +68,46 @@ class RunSettings:
     """Write TensorBoard event files under ``<results>/<run-id>/tensorboard/<method>``."""
     progress_interval: float = 5.0
     """Seconds between progress lines (0: every round)."""
+    influence: InfluenceBounds = InfluenceBounds()
+    """How much one reply may move a cluster and the masses (``max-weight-ratio``,
+    ``max-update-norm``, ``aggregation``, ``trim-fraction``)."""
 
 
-def _integer(config: Mapping[str, Any], key: str, low: int) -> int:
+CHECKPOINT_ENVIRONMENT = "FEDROUTE_CHECKPOINT_DIR"
+"""With ``checkpoint-dir = ""``, checkpoints go to ``$FEDROUTE_CHECKPOINT_DIR/<run digest>/`` if it is set."""
+
+MAX_ROUNDS = 10**6
+MAX_NODES = 10**6
+MAX_SEED = 2**63 - 1
+MAX_ROUTING_INTEGER = 10**9
+
+
+def _integer(config: Mapping[str, Any], key: str, low: int, high: int) -> int:
     value = config[key]
     integral = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
-    if isinstance(value, bool) or not integral or value < low:
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer ≥ {low}")
+    if isinstance(value, bool) or not integral or not low <= value <= high:
+        raise ValueError(f"run-config '{key}' = {_shown(value)} is invalid; allowed: an integer in [{low}, {high}]")
     return int(value)
+
+
+def _shown(value: Any) -> str:
+    """A run-config value for an error message (long text cut)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}..."
 
 
 def _number(config: Mapping[str, Any], key: str, low: float, high: float) -> float:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
         allowed = f"a number in [{low}, {high}]" if math.isfinite(high) or math.isfinite(low) else "a finite number"
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: {allowed}")
+        raise ValueError(f"run-config '{key}' = {_shown(value)} is invalid; allowed: {allowed}")
     return float(value)
 
 
 def _boolean(config: Mapping[str, Any], key: str) -> bool:
     value = config[key]
     if not isinstance(value, bool):
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: true or false")
+        raise ValueError(f"run-config '{key}' = {_shown(value)} is invalid; allowed: true or false")
     return value
 
 
@@ -96,7 +115,7 @@ def _alarm_settings(config: Mapping[str, Any]) -> AlarmSettings:
     values = {}
     for key, name in _ALARM_KEYS.items():
         if key in config:
-            values[name] = _integer(config, key, 1) if name != "duplication_tolerance" else \
+            values[name] = _integer(config, key, 1, MAX_ROUNDS) if name != "duplication_tolerance" else \
                 _number(config, key, 0.0, 1.0)
     try:
         return AlarmSettings(**values)
@@ -105,6 +124,24 @@ def _alarm_settings(config: Mapping[str, Any]) -> AlarmSettings:
         for key, name in _ALARM_KEYS.items():
             message = message.replace(name, f"run-config '{key}'")
         raise ValueError(message) from None
+
+
+def _influence(config: Mapping[str, Any]) -> InfluenceBounds:
+    """``max-weight-ratio`` (0 = no cap), ``max-update-norm`` (0 = none), ``aggregation``, ``trim-fraction``."""
+    defaults = InfluenceBounds()
+    ratio = _number(config, "max-weight-ratio", 0.0, 1e6) if "max-weight-ratio" in config else defaults.max_weight_ratio
+    if ratio == 0.0:
+        ratio = math.inf
+    elif ratio < 1.0:
+        raise ValueError(f"run-config 'max-weight-ratio' = {ratio!r} is invalid; allowed: 0 (no cap) or a number "
+                         "in [1, 1e6]")
+    norm = _number(config, "max-update-norm", 0.0, 1e300) if "max-update-norm" in config else 0.0
+    rule = str(config.get("aggregation", defaults.aggregation))
+    if rule not in AGGREGATION_RULES:
+        raise ValueError(f"run-config 'aggregation' = {_shown(rule)} is invalid; allowed: {AGGREGATION_RULES}")
+    beta = _number(config, "trim-fraction", 0.0, 0.49) if "trim-fraction" in config else defaults.trim_fraction
+    return InfluenceBounds(max_weight_ratio=ratio, max_update_norm=norm or None, aggregation=rule,
+                           trim_fraction=beta)
 
 
 def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,7 +157,7 @@ def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
         if name == "controllers":
             value = tuple(part.strip() for part in str(value).split(",") if part.strip())
         elif kinds[name] == "int":
-            value = _integer(config, key, 1)
+            value = _integer(config, key, 1, MAX_ROUTING_INTEGER)
         elif kinds[name] == "float":
             value = _number(config, key, -sys.float_info.max, sys.float_info.max)
         overrides[name] = value
@@ -144,8 +181,15 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     if method != "all" and method not in METHODS:
         raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all' or one of {METHODS}")
     methods = METHODS if method == "all" else (method,)
+    # Run-level numbers first: their errors name their key before a task sees them.
+    num_rounds = _integer(config, "num-server-rounds", 1, MAX_ROUNDS) if "num-server-rounds" in config else 80
+    seed = _integer(config, "seed", 0, MAX_SEED) if "seed" in config else 0
+    fraction_train = _number(config, "fraction-train", 1e-9, 1.0) if "fraction-train" in config else 1.0
+    min_train_nodes = _integer(config, "min-train-nodes", 1, MAX_NODES) if "min-train-nodes" in config else 2
+    round_timeout = _number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0
     task = task_from_config(config)
     overrides = _routing_overrides(config)
+    influence = _influence(config)
     routing = {}
     for name in methods:
         try:
@@ -159,21 +203,27 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     checkpoint_text = str(config.get("checkpoint-dir", ""))
     dynamics = {key: value for key, value in sorted(config.items()) if key not in _NOT_DYNAMICS}
     digest = hashlib.sha256(json.dumps(dynamics, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    checkpoint_dir = _absolute(checkpoint_text) if checkpoint_text else None
+    if checkpoint_dir is None and os.environ.get(CHECKPOINT_ENVIRONMENT):
+        # A deployment's default (the compose executor sets it to a volume): one directory per
+        # configuration, so runs of other settings never meet each other's checkpoints.
+        checkpoint_dir = Path(os.environ[CHECKPOINT_ENVIRONMENT]) / digest
     return RunSettings(
         methods=methods,
         routing=routing,
         task=task,
-        num_rounds=_integer(config, "num-server-rounds", 1) if "num-server-rounds" in config else 80,
-        seed=_integer(config, "seed", 0) if "seed" in config else 0,
-        fraction_train=_number(config, "fraction-train", 1e-9, 1.0) if "fraction-train" in config else 1.0,
-        min_train_nodes=_integer(config, "min-train-nodes", 1) if "min-train-nodes" in config else 2,
-        round_timeout=_number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0,
+        num_rounds=num_rounds,
+        seed=seed,
+        fraction_train=fraction_train,
+        min_train_nodes=min_train_nodes,
+        round_timeout=round_timeout,
         results_dir=results_dir,
-        checkpoint_dir=_absolute(checkpoint_text) if checkpoint_text else None,
+        checkpoint_dir=checkpoint_dir,
         run_digest=digest,
         alarm_settings=_alarm_settings(config),
         tensorboard=_boolean(config, "tensorboard") if "tensorboard" in config else False,
         progress_interval=_number(config, "progress-interval", 0.0, 1e7) if "progress-interval" in config else 5.0,
+        influence=influence,
     )
 
 

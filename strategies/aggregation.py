@@ -2,6 +2,12 @@
 
 Both take an optional ``run_index`` so that the batched simulator can update
 many independent runs at once: run ``r``'s cluster ``k`` is row ``r·K + k``.
+
+The hard update never commits a non-finite model: a cluster whose weighted
+sum overflows is averaged again with normalised weights (a convex combination
+of finite values is finite), and a cluster whose average is still not finite
+(a non-finite reply, possible in the simulator only: the strategies validate
+replies) keeps its model; :func:`hard_update_checked` says which.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["hard_update", "routing_masses", "cluster_route_counts"]
+__all__ = ["hard_update", "hard_update_checked", "routing_masses", "cluster_route_counts"]
 
 
 def _global_routes(routes: NDArray[np.int64], num_clusters: int, run_index: Optional[NDArray[np.int64]]) -> NDArray[np.int64]:
@@ -44,7 +50,30 @@ def hard_update(
     Returns
     -------
     ndarray, same shape and dtype as ``cluster_models``
-        ``W^{t+1}``.  Replies are summed in their given order.
+        ``W^{t+1}``.  Replies are summed in their given order; a cluster whose
+        average would not be finite keeps its model (see :func:`hard_update_checked`).
+    """
+    return hard_update_checked(cluster_models, client_models, routes, num_examples, run_index)[0]
+
+
+def hard_update_checked(
+    cluster_models: NDArray[np.floating],
+    client_models: NDArray[np.floating],
+    routes: NDArray[np.int64],
+    num_examples: NDArray[np.floating],
+    run_index: Optional[NDArray[np.int64]] = None,
+) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
+    """:func:`hard_update`, and which clusters kept their model because their average was not finite.
+
+    ``Σ n_i w_i / Σ n_i`` is computed as before (bit for bit) whenever it is
+    finite; only a cluster whose weighted sum overflowed is recomputed as
+    ``Σ (n_i / Σ n) w_i``.
+
+    Returns
+    -------
+    updated : ndarray, same shape and dtype as ``cluster_models``
+    non_finite : ndarray of bool, shape (K,) or (R, K)
+        ``True`` where the replies' average was not finite: that cluster kept its model.
     """
     shape = cluster_models.shape
     num_clusters = shape[-2]
@@ -54,15 +83,28 @@ def hard_update(
     totals = np.bincount(targets, weights=weights, minlength=flat.shape[0])
     routed = totals > 0
     updated = flat.copy()
+    non_finite = np.zeros(flat.shape[0], dtype=bool)
     if routed.any():
         # Segment sums over the replies grouped by cluster (stable sort: reply order kept within a
         # cluster); much faster than an unbuffered ``np.add.at`` over (replies, P) rows.
         order = np.argsort(targets, kind="stable")
-        weighted = weights[order, None] * np.asarray(client_models, dtype=np.float64)[order]
+        models = np.asarray(client_models, dtype=np.float64)[order]
         starts = np.searchsorted(targets[order], np.flatnonzero(routed))
-        sums = np.add.reduceat(weighted, starts, axis=0)
-        updated[routed] = (sums / totals[routed, None]).astype(flat.dtype)
-    return updated.reshape(shape)
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = np.add.reduceat(weights[order, None] * models, starts, axis=0)
+            averaged = (sums / totals[routed, None]).astype(flat.dtype)
+        bad = ~np.isfinite(averaged).all(axis=1)
+        if bad.any():  # overflow of n·w or of the sum: average the convex combination instead
+            shares = weights[order] / totals[targets[order]]
+            with np.errstate(over="ignore", invalid="ignore"):
+                rescued = np.add.reduceat(shares[:, None] * models, starts, axis=0)[bad].astype(flat.dtype)
+            averaged[bad] = rescued
+            still = ~np.isfinite(rescued).all(axis=1)
+            kept = np.flatnonzero(routed)[np.flatnonzero(bad)[still]]
+            non_finite[kept] = True
+            averaged[np.flatnonzero(bad)[still]] = flat[kept]
+        updated[routed] = averaged
+    return updated.reshape(shape), non_finite.reshape(shape[:-1])
 
 
 def routing_masses(

@@ -4,48 +4,80 @@ One ``checkpoint.npz`` per strategy, replaced atomically (temporary file +
 ``os.replace``) after every round: a crash leaves either the previous or the
 new checkpoint, never a torn one.  Arrays are stored by name; everything else
 goes into a JSON ``meta`` entry, including an ``identity`` (settings, seed,
-``K``) that a resumed run must match.
+``K``) that a resumed run must match.  A checkpoint that cannot be read stops
+the run with a :class:`CheckpointError` naming the file; it is never skipped
+(that would restart the run from round 1 and overwrite it).
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CHECKPOINT_FILE"]
+from fedroute.atomic_files import atomic_write
+
+__all__ = ["save_checkpoint", "load_checkpoint", "check_arrays", "stored_masses", "CheckpointError", "CHECKPOINT_FILE"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable or does not fit the run; the message names the file."""
+
+
 def save_checkpoint(directory: Path, arrays: Mapping[str, NDArray], meta: Mapping[str, Any]) -> Path:
     """Write ``arrays`` and ``meta`` to ``directory/checkpoint.npz`` atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    np.savez(buffer, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-             **{name: np.asarray(value) for name, value in arrays.items()})
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".checkpoint.")
-    with os.fdopen(handle, "wb") as stream:
-        stream.write(buffer.getvalue())
-        stream.flush()
-        os.fsync(stream.fileno())
-    path = directory / CHECKPOINT_FILE
-    os.replace(temporary, path)
-    return path
+    return atomic_write(directory / CHECKPOINT_FILE, lambda stream: np.savez(
+        stream, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+        **{name: np.asarray(value) for name, value in arrays.items()}))
 
 
 def load_checkpoint(directory: Path) -> Optional[tuple[dict[str, NDArray], dict[str, Any]]]:
-    """``(arrays, meta)`` from ``directory/checkpoint.npz``, or ``None`` if there is none."""
+    """``(arrays, meta)`` from ``directory/checkpoint.npz``, or ``None`` if there is none.
+
+    Raises
+    ------
+    CheckpointError
+        The file exists but is not a readable checkpoint (truncated, not an
+        ``.npz``, no or malformed ``__meta__``); the message names it.
+    """
     path = directory / CHECKPOINT_FILE
     if not path.exists():
         return None
-    with np.load(path, allow_pickle=False) as stored:
-        arrays = {name: stored[name] for name in stored.files if name != "__meta__"}
-        meta = json.loads(stored["__meta__"].tobytes().decode())
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            if "__meta__" not in stored.files:
+                raise ValueError("it has no '__meta__' entry")
+            arrays = {name: stored[name] for name in stored.files if name != "__meta__"}
+            meta = json.loads(stored["__meta__"].tobytes().decode())
+        if not isinstance(meta, dict):
+            raise ValueError("its '__meta__' entry is not a JSON object")
+    except Exception as error:  # zipfile.BadZipFile, OSError, ValueError, EOFError, UnicodeDecodeError, ...
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}: {str(error)[:200]}); "
+                              "restore it, or delete it to start the run afresh") from None
     return arrays, meta
+
+
+def check_arrays(path: Path, arrays: Mapping[str, NDArray], expected: Mapping[str, NDArray]) -> None:
+    """Raise :class:`CheckpointError` (naming ``path`` and the array) unless every expected array is
+    there with the expected shape and dtype, and finite."""
+    for name, value in expected.items():
+        if name not in arrays or arrays[name].shape != value.shape or arrays[name].dtype != value.dtype:
+            found = "missing" if name not in arrays else f"{arrays[name].shape} {arrays[name].dtype}"
+            raise CheckpointError(f"checkpoint {path}: array '{name}' is {found}; expected {value.shape} {value.dtype}")
+        if not np.all(np.isfinite(arrays[name])):
+            raise CheckpointError(f"checkpoint {path}: array '{name}' has NaN or Inf entries")
+
+
+def stored_masses(values: Any, num_clusters: int) -> Optional[NDArray[np.float64]]:
+    """Masses from a checkpoint's meta: ``None`` or ``K`` finite numbers ≥ 0 (else ``ValueError``)."""
+    if values is None:
+        return None
+    masses = np.asarray(values, dtype=np.float64)
+    if masses.shape != (num_clusters,) or not np.all(np.isfinite(masses)) or np.any(masses < 0):
+        raise ValueError(f"masses of shape {masses.shape}; expected {num_clusters} finite numbers ≥ 0")
+    return masses

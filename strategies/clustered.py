@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Mapping, Optional
@@ -30,9 +31,19 @@ from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.monitoring.telemetry import ClientReplies, short_reason
-from fedroute.strategies.aggregation import hard_update, routing_masses
-from fedroute.strategies.checkpoint import load_checkpoint, save_checkpoint
+from fedroute.strategies.aggregation import routing_masses
+from fedroute.strategies.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointError,
+    check_arrays,
+    load_checkpoint,
+    save_checkpoint,
+    stored_masses,
+)
+from fedroute.strategies.identity import ClientBindings, IdentityRejected
+from fedroute.strategies.influence import InfluenceBounds, aggregate_round, capped_weights
 from fedroute.strategies.records import array_record, arrays_of, pack_cluster_models, unpack_cluster_models
+from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.results import (
     ClientRoutes,
     RejectedReply,
@@ -45,6 +56,7 @@ from fedroute.strategies.validation import (
     ReplyRejected,
     TrainReply,
     first_reply_per_client,
+    printable,
     validate_evaluate_reply,
     validate_provisional_reply,
     validate_train_reply,
@@ -74,7 +86,8 @@ class ClusteredRouting(Strategy):
         Run seed: broadcast to clients (routing randomness) and used for node sampling.
     run_key : str, default "default"
         Namespaces the clients' controller state, so one ServerApp can run
-        several methods in turn on the same nodes.
+        several methods in turn on the same nodes; it names a directory of
+        the clients' state files, so it must match ``[A-Za-z0-9._-]+``.
     evaluate_at_end : bool, default True
         Ask every node for the losses of all ``K`` models after the last round.
     client_config : mapping, optional
@@ -103,6 +116,15 @@ class ClusteredRouting(Strategy):
         the task can tell (:func:`fedroute.monitoring.alarms.starvation_basin`).
     progress_interval : float or None, default 5.0
         Seconds between progress lines (round, ETA, masses) at INFO; ``None`` for none.
+    influence : InfluenceBounds, optional
+        How much one reply may move a cluster model and the masses (sample-weight
+        cap, update-norm bound, robust rule; :mod:`fedroute.strategies.influence`).
+        Default: ``InfluenceBounds()`` (weights capped at 4 × the round's median).
+
+    Replies are checked (:mod:`~fedroute.strategies.validation`), and a client id
+    is bound to the node that first sent a valid reply for it
+    (:mod:`~fedroute.strategies.identity`); rejected replies are logged and kept,
+    bounded, in :attr:`rejected` (:mod:`~fedroute.strategies.rejections`).
     """
 
     def __init__(
@@ -125,6 +147,7 @@ class ClusteredRouting(Strategy):
         alarm_settings: AlarmSettings = AlarmSettings(),
         starvation_basin: Optional[bool] = None,
         progress_interval: Optional[float] = 5.0,
+        influence: Optional[InfluenceBounds] = None,
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train = {fraction_train} is invalid; allowed: (0, 1]")
@@ -135,6 +158,7 @@ class ClusteredRouting(Strategy):
             raise ValueError(f"round_timeout = {round_timeout} is invalid; allowed: > 0")
         if seed < 0:
             raise ValueError(f"seed = {seed} is invalid; allowed: an integer ≥ 0")
+        protocol.check_path_name(run_key, "run_key")
         self.routing = routing
         self.fraction_train = fraction_train
         self.min_train_nodes = int(min_train_nodes)
@@ -164,15 +188,21 @@ class ClusteredRouting(Strategy):
         """Round ``t`` → client id → executed hard route."""
         self.final_evaluation: list[EvaluateReply] = []
         """The validated replies of the final controller-free evaluation."""
-        self.rejected: list[RejectedReply] = []
-        """Every rejected reply, with the reason."""
         self.cluster_train_metrics: dict[int, dict[int, MetricRecord]] = {}
         """Server round → cluster → the ``train_fn`` metrics of its clients, averaged by ``num-examples``."""
         self.server_evaluation: dict[int, dict[int, MetricRecord]] = {}
         """Server round (0 = initial models) → cluster → what ``evaluate_fn`` returned for that cluster's model."""
         self.recorder: Optional[RunRecorder] = None
-        self._reply_nodes: dict[int, int] = {}
+        self.influence = influence if influence is not None else InfluenceBounds()
+        self.rejections = RejectionLog()
+        self.bindings = ClientBindings()
+        self._grid: Optional[Grid] = None
         self._num_rounds = 0
+
+    @property
+    def rejected(self) -> list[RejectedReply]:
+        """Rejected replies with their reasons (bounded: see :class:`~fedroute.strategies.rejections.RejectionLog`)."""
+        return list(self.rejections.entries)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -252,7 +282,7 @@ class ClusteredRouting(Strategy):
 
     def _validate_train(self, content: Mapping[str, Any]) -> TrainReply:
         """Validate one training reply (subclasses may check further records)."""
-        return validate_train_reply(content, self.num_clusters, self.cluster_models[0])
+        return validate_train_reply(content, self.num_clusters, self.cluster_models[0], self.routing.num_arms)
 
     def _after_hard_update(self, valid: list[TrainReply]) -> None:
         """Hook after the per-cluster update of a round with valid replies."""
@@ -265,32 +295,30 @@ class ClusteredRouting(Strategy):
 
     def _valid(self, replies: Iterable[Message], validate: Callable[[Mapping[str, Any]], Any],
                server_round: int, phase: str) -> list[Any]:
-        """Validate replies; log and record every rejected one; drop duplicates per client."""
-        accepted, nodes = [], []
+        """Validate replies and their node's identity; log and record every rejected one; drop duplicates."""
+        accepted = []
+        online = None if self._grid is None else self._grid.get_node_ids
         for message in replies:
             node_id = message.metadata.src_node_id
             if message.has_error():
-                self._reject(server_round, phase, node_id, f"error reply: {message.error.reason}")
+                self._reject(server_round, phase, node_id,
+                             f"error reply: {printable(short_reason(message.error.reason))}")
                 continue
             try:
-                accepted.append(validate(message.content))
-                nodes.append(node_id)
-            except ReplyRejected as error:
+                reply = validate(message.content)
+                self.bindings.admit(reply.client_id, node_id, online)
+            except (ReplyRejected, IdentityRejected) as error:
                 self._reject(server_round, phase, node_id, str(error))
+                continue
+            accepted.append(replace(reply, node_id=node_id))
         kept, duplicates = first_reply_per_client(accepted)
         for duplicate in duplicates:
-            self._reject(server_round, phase, -1, f"duplicate reply for client {duplicate.client_id}")
-        self._reply_nodes = {}
-        for reply, node_id in zip(accepted, nodes):
-            self._reply_nodes.setdefault(reply.client_id, node_id)
+            self._reject(server_round, phase, duplicate.node_id, f"duplicate reply for client {duplicate.client_id}")
         return sorted(kept, key=lambda reply: reply.client_id)
 
     def _reject(self, server_round: int, phase: str, node_id: int, reason: str) -> None:
-        logger.warning("round %d (%s): rejected reply from node %s: %s", server_round, phase, node_id,
-                       short_reason(reason))
-        entry: RejectedReply = {"server_round": server_round, "phase": phase, "node_id": node_id, "reason": reason}
-        self.rejected.append(entry)
-        if phase != protocol.PHASE_TRAIN:
+        entry = self.rejections.add(server_round, phase, node_id, reason)
+        if entry is not None and phase != protocol.PHASE_TRAIN:
             self._recorder().rejected_outside_rounds([entry])
 
     # ------------------------------------------------------------------ the run
@@ -412,8 +440,8 @@ class ClusteredRouting(Strategy):
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed."""
         return {"class": type(self).__name__, "routing": self.routing.to_dict(), "seed": self.seed,
-                "run_key": self.run_key, "template": {name: [list(value.shape), str(value.dtype)]
-                                                       for name, value in self.cluster_models[0].items()}}
+                "run_key": self.run_key, "influence": self.influence.to_dict(),
+                "template": {name: [list(value.shape), str(value.dtype)] for name, value in self.cluster_models[0].items()}}
 
     def _checkpoint_arrays(self) -> dict[str, NDArray]:
         """Arrays to checkpoint (subclasses add theirs)."""
@@ -437,7 +465,8 @@ class ClusteredRouting(Strategy):
             "provisional_masses": None if self.provisional_masses is None else self.provisional_masses.tolist(),
             "history": self.history,
             "client_routes": {str(t): {str(c): r for c, r in routes.items()} for t, routes in self.client_routes.items()},
-            "rejected": self.rejected,
+            "rejected": self.rejections.to_json(),
+            "bindings": self.bindings.to_json(),
             "alarms": self._recorder().alarms.state_dict(),
         }
         save_checkpoint(self.checkpoint_dir, self._checkpoint_arrays(), meta)
@@ -447,26 +476,34 @@ class ClusteredRouting(Strategy):
         if self.checkpoint_dir is None or (stored := load_checkpoint(self.checkpoint_dir)) is None:
             return 0
         arrays, meta = stored
-        if meta["identity"] != self._identity():
-            raise ValueError(f"the checkpoint in {self.checkpoint_dir} was made with other settings "
-                             f"({meta['identity']}); delete it or choose another checkpoint directory")
-        self._restore_arrays(arrays)
-        masses = meta["routing_masses"]
-        self.routing_masses = None if masses is None else np.asarray(masses)
-        provisional = meta["provisional_masses"]
-        self.provisional_masses = None if provisional is None else np.asarray(provisional)
-        self.history = list(meta["history"])
-        self.client_routes = {int(t): {int(c): int(r) for c, r in routes.items()}
-                              for t, routes in meta["client_routes"].items()}
-        self.rejected = list(meta["rejected"])
-        if "alarms" in meta:
-            self._recorder().alarms.load_state_dict(meta["alarms"])
-        self.resumed_from_round = int(meta["server_round"])
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        if meta.get("identity") != self._identity():
+            raise CheckpointError(f"the checkpoint {path} was made with other settings "
+                                  f"({meta.get('identity')}); delete it or choose another checkpoint directory")
+        check_arrays(path, arrays, self._checkpoint_arrays())
+        try:
+            self._restore_arrays(arrays)
+            self.routing_masses = stored_masses(meta["routing_masses"], self.num_clusters)
+            self.provisional_masses = stored_masses(meta["provisional_masses"], self.num_clusters)
+            self.history = list(meta["history"])
+            self.client_routes = {int(t): {int(c): int(r) for c, r in routes.items()}
+                                  for t, routes in meta["client_routes"].items()}
+            self.rejections = RejectionLog.from_json(meta["rejected"])
+            self.bindings = ClientBindings.from_json(meta.get("bindings", []))
+            if "alarms" in meta:
+                self._recorder().alarms.load_state_dict(meta["alarms"])
+            self.resumed_from_round = int(meta["server_round"])
+            if self.resumed_from_round < 1:
+                raise ValueError(f"server_round = {self.resumed_from_round} < 1")
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CheckpointError(f"checkpoint {path} is malformed ({type(error).__name__}: "
+                                  f"{printable(error)}); delete it or choose another checkpoint directory") from None
         logger.warning("resuming from the checkpoint of round %d in %s", self.resumed_from_round, self.checkpoint_dir)
         return self.resumed_from_round
 
     def _provisional_greedy(self, grid: Grid) -> None:
         """Synchronized entry, steps 1–2: Greedy reports at ``W^0`` → provisional masses."""
+        self._grid = grid
         node_ids = self._sample_nodes(grid, 0)
         replies = grid.send_and_receive(
             self._messages(node_ids, MessageType.QUERY, {protocol.PHASE: protocol.PHASE_PROVISIONAL,
@@ -476,8 +513,8 @@ class ClusteredRouting(Strategy):
         reports = self._valid(replies, lambda c: validate_provisional_reply(c, self.num_clusters), 0, "provisional")
         if not reports:
             raise RuntimeError("synchronized entry: no valid provisional report arrived")
-        self.provisional_masses = routing_masses(
-            np.array([r.cluster for r in reports]), np.array([r.num_examples for r in reports]), self.num_clusters)
+        weights = capped_weights(np.array([r.num_examples for r in reports]), self.influence.max_weight_ratio)
+        self.provisional_masses = routing_masses(np.array([r.cluster for r in reports]), weights, self.num_clusters)
         logger.info("synchronized entry: provisional masses %s", np.round(self.provisional_masses, 3).tolist())
 
     def configure_train(
@@ -486,6 +523,7 @@ class ClusteredRouting(Strategy):
         """Messages for round ``server_round`` (``t = server_round - 1``)."""
         self.cluster_models = unpack_cluster_models(arrays, self.num_clusters)
         self._round_started = time.monotonic()
+        self._grid = grid
         node_ids = self._sample_nodes(grid, server_round)
         round_config = {
             **dict(config.items()),
@@ -501,30 +539,36 @@ class ClusteredRouting(Strategy):
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Validate, hard-update per cluster, compute masses, record the round (telemetry and alarms)."""
         template = self.cluster_models[0]
-        rejected_before = len(self.rejected)
-        valid: list[TrainReply] = self._valid(replies, self._validate_train, server_round, "train")
+        valid: list[TrainReply] = self._valid(replies, self._validate_train, server_round, protocol.PHASE_TRAIN)
         previous = [dict(model) for model in self.cluster_models]
         if valid:
             routes = np.array([reply.cluster for reply in valid], dtype=np.int64)
-            weights = np.array([reply.num_examples for reply in valid])
             flat_models = np.stack([protocol.flatten_arrays(reply.model) for reply in valid])
             current = np.stack([protocol.flatten_arrays(model) for model in self.cluster_models])
-            updated = hard_update(current, flat_models, routes, weights)
-            self.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in updated]
-            self.routing_masses = routing_masses(routes, weights, self.num_clusters)
-            self._after_hard_update(valid)
+            outcome = aggregate_round(current, flat_models, routes, np.array([r.num_examples for r in valid]),
+                                      self.influence)
+            for reply in (reply for reply, kept in zip(valid, outcome.kept) if not kept):
+                self._reject(server_round, protocol.PHASE_TRAIN, reply.node_id,
+                             f"the aggregate of cluster {reply.cluster} is not finite; the cluster keeps its model")
+            valid = [reply for reply, kept in zip(valid, outcome.kept) if kept]
+            self.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]
+            if valid:
+                self.routing_masses = outcome.masses
+                self._after_hard_update(valid)
         else:
             logger.warning("round %d: no valid reply; cluster models and masses unchanged", server_round)
         changed = [any(not np.array_equal(before[name], after[name]) for name in before)
                    for before, after in zip(previous, self.cluster_models)]
         replies_seen = ClientReplies.from_metrics(
-            [reply.client_id for reply in valid], [self._reply_nodes.get(reply.client_id) for reply in valid],
+            [reply.client_id for reply in valid], [reply.node_id for reply in valid],
             [reply.cluster for reply in valid], [reply.num_examples for reply in valid],
             [reply.metrics for reply in valid], self.num_clusters)
         record = self._recorder().round(
             server_round, replies_seen, self.routing_masses, changed,
-            [entry for entry in self.rejected[rejected_before:] if entry["phase"] == protocol.PHASE_TRAIN],
-            time.monotonic() - getattr(self, "_round_started", time.monotonic()))
+            [entry for entry in self.rejections.entries
+             if entry["server_round"] == server_round and entry["phase"] == protocol.PHASE_TRAIN],
+            time.monotonic() - getattr(self, "_round_started", time.monotonic()),
+            rejected_count=self.rejections.count(server_round, protocol.PHASE_TRAIN))
         self.history.append(record)  # type: ignore[arg-type]
         self.client_routes[server_round - 1] = {reply.client_id: reply.cluster for reply in valid}
         cluster_metrics = aggregate_cluster_metrics(

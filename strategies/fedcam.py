@@ -12,6 +12,7 @@ controller-free evaluation is that of the combined predictor.  See
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any, Mapping, Optional, Sequence
 
@@ -20,12 +21,14 @@ from flwr.app import ArrayRecord, MessageType
 from numpy.typing import NDArray
 
 from fedroute import protocol
-from fedroute.strategies.aggregation import hard_update
 from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.influence import aggregate_round
 from fedroute.strategies.records import array_record
-from fedroute.strategies.validation import TrainReply, validate_model_record, validate_train_reply
+from fedroute.strategies.validation import TrainReply, validate_model_record
 
 __all__ = ["FedCAM"]
+
+logger = logging.getLogger("fedroute")
 
 
 class FedCAM(ClusteredRouting):
@@ -66,7 +69,7 @@ class FedCAM(ClusteredRouting):
 
     def _validate_train(self, content: Mapping[str, Any]) -> TrainReply:
         template = self.cluster_models[0]
-        reply = validate_train_reply(content, self.num_clusters, template)
+        reply = super()._validate_train(content)
         global_part = validate_model_record(content, protocol.GLOBAL_MODEL, template)
         return replace(reply, extras={protocol.GLOBAL_MODEL: global_part})
 
@@ -75,8 +78,11 @@ class FedCAM(ClusteredRouting):
         parts = np.stack([protocol.flatten_arrays(reply.extras[protocol.GLOBAL_MODEL]) for reply in valid])
         current = protocol.flatten_arrays(self._global())[None, :]
         weights = np.array([reply.num_examples for reply in valid])
-        averaged = hard_update(current, parts, np.zeros(len(valid), dtype=np.int64), weights)[0]
-        self.global_model = protocol.unflatten_arrays(averaged, template)
+        # The same influence bounds as the cluster parts; a non-finite average keeps Θ_glob.
+        outcome = aggregate_round(current, parts, np.zeros(len(valid), dtype=np.int64), weights, self.influence)
+        if outcome.non_finite_clusters[0]:
+            logger.warning("the aggregate of %s is not finite; it keeps its value", protocol.GLOBAL_MODEL)
+        self.global_model = protocol.unflatten_arrays(outcome.models[0], template)
 
     def _checkpoint_arrays(self) -> dict[str, NDArray]:
         arrays = super()._checkpoint_arrays()

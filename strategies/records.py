@@ -10,7 +10,40 @@ from numpy.typing import NDArray
 
 from fedroute import protocol
 
-__all__ = ["pack_cluster_models", "unpack_cluster_models", "arrays_of", "array_record"]
+__all__ = ["pack_cluster_models", "unpack_cluster_models", "arrays_of", "array_record", "decode_array",
+           "NPY_HEADER_LIMIT"]
+
+_NPY_MAGIC = b"\x93NUMPY"
+NPY_HEADER_LIMIT = 4096
+"""Bytes a payload may hold beyond its values (the ``.npy`` header; numpy writes 128)."""
+
+
+def decode_array(array: Array) -> NDArray:
+    """An ``Array``'s values without ``np.load``: a read-only view of its bytes.
+
+    ``Array.numpy()`` parses the ``.npy`` header with ``ast.literal_eval``
+    (~0.1 ms per array) and copies the payload; the dtype and shape are
+    already fields of the ``Array``, so the values are read in place.
+    Anything unusual (another serialisation, Fortran order, a size that does
+    not match the declared shape) takes ``Array.numpy()``.  Callers that must
+    bound memory check ``len(array.data)`` first (see
+    :func:`fedroute.strategies.validation.validate_model_record`).
+    """
+    data = array.data
+    try:
+        dtype = np.dtype(array.dtype)
+        count = int(np.prod(array.shape, dtype=np.int64))
+        if array.stype != "numpy.ndarray" or data[:6] != _NPY_MAGIC or dtype.hasobject:
+            raise ValueError
+        length_bytes = 2 if data[6] == 1 else 4  # format version 1.0, else 2.0/3.0
+        header_start = 8 + length_bytes
+        offset = header_start + int.from_bytes(data[8:header_start], "little")
+        if b"'fortran_order': False" not in data[header_start:offset] or \
+                len(data) - offset != count * dtype.itemsize:
+            raise ValueError
+        return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(array.shape)
+    except (ValueError, TypeError, IndexError):
+        return array.numpy()
 
 
 def arrays_of(record: ArrayRecord) -> dict[str, NDArray]:

@@ -91,6 +91,24 @@ TASK_KEYS: dict[str, tuple[Callable[..., Task], _KeyTable]] = {
 
 TASKS = tuple(TASK_KEYS)
 
+MAX_INTEGER = 2**63 - 1
+"""Largest integer a task key takes (what a Flower ConfigRecord carries)."""
+
+UPPER_BOUNDS = {
+    "num-clients": 10**6,
+    "dimension": 10**6,
+    "samples-per-client": 10**8,
+    "test-samples-per-client": 10**8,
+    "local-steps": 10**6,
+    "hidden-units": 10**6,
+    "pretrain-epochs": 10**6,
+    "base-epochs": 10**6,
+    "num-classes": 10**6,
+    "image-size": 10**4,
+}
+"""Upper bounds of the size-like task keys (a larger value would exhaust memory long after the
+start); the task classes check the lower bounds and the rest of the ranges."""
+
 
 def _convert(key: str, value: Any, kind: type) -> Any:
     """``value`` as ``kind``; errors name the run-config key."""
@@ -105,9 +123,15 @@ def _convert(key: str, value: Any, kind: type) -> Any:
         raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: "
                          f"{'an integer' if kind is int else 'a number'}") from None
     if kind is int:
-        if number != number or number in (float("inf"), float("-inf")) or number != int(number):
-            raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer")
+        if number != number or number in (float("inf"), float("-inf")) or number != int(number) \
+                or not -MAX_INTEGER <= int(number) <= MAX_INTEGER:
+            raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer in "
+                             f"[{-MAX_INTEGER}, {MAX_INTEGER}]")
+        if key in UPPER_BOUNDS and int(number) > UPPER_BOUNDS[key]:
+            raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: at most {UPPER_BOUNDS[key]}")
         return int(number)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: a finite number")
     return number
 
 

@@ -61,6 +61,7 @@ from fedroute.client.settings import EXP3_MODES, RoutingSettings
 from fedroute.server.run_config import parse_run_config
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
+from fedroute.strategies.influence import InfluenceBounds
 from fedroute.strategies.methods import METHODS
 from fedroute.strategies.records import unpack_cluster_models
 
@@ -569,8 +570,11 @@ def expected_round(specs: list[Spec], num_clusters: int, models: list[dict[str, 
 
 # --------------------------------------------------------------------------- running a case
 def _strategy(case: Case, fedcam: bool) -> ClusteredRouting:
-    routing = RoutingSettings(num_clusters=case.num_clusters, controllers=("gr",))
-    strategy = (FedCAM if fedcam else ClusteredRouting)(routing)
+    # Three controllers: good replies carry 1-3 EXP3 log-weights (at most one per arm is accepted).
+    routing = RoutingSettings(num_clusters=case.num_clusters, controllers=("gr", "rh", "com"))
+    # Plain weighted means (no sample-weight cap): the expectation here is FedAvg of the good replies.
+    # The influence bounds have their own property tests (tests/test_identity_and_influence.py).
+    strategy = (FedCAM if fedcam else ClusteredRouting)(routing, influence=InfluenceBounds(max_weight_ratio=math.inf))
     strategy.cluster_models = [{name: value.copy() for name, value in model.items()} for model in case.initial_models]
     strategy.routing_masses = None if case.initial_masses is None else case.initial_masses.copy()
     strategy._num_rounds = case.first_round + len(case.rounds) + 1
@@ -583,6 +587,11 @@ def _snapshot(models: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]
     return [{name: value.copy() for name, value in model.items()} for model in models]
 
 
+def _node_of(client_id: int) -> int:
+    """The Flower node a client's replies come from (a client id is bound to its node)."""
+    return 10**6 + client_id
+
+
 def check_case(case: Case, fedcam: bool) -> None:
     strategy = _strategy(case, fedcam)
     num_clusters = case.num_clusters
@@ -592,7 +601,7 @@ def check_case(case: Case, fedcam: bool) -> None:
         before_masses = None if strategy.routing_masses is None else strategy.routing_masses.copy()
         before_global = (None if not fedcam or strategy.global_model is None
                          else {name: value.copy() for name, value in strategy.global_model.items()})
-        node_ids = [1000 * server_round + index for index in range(len(specs))]
+        node_ids = [_node_of(spec.client_id) for spec in specs]  # one node per client id, every round
         messages = [_message(spec, node_id, server_round) for spec, node_id in zip(specs, node_ids)]
         expected = expected_round(specs, num_clusters, before, before_masses, before_global, fedcam)
         rejected_before = len(strategy.rejected)
@@ -766,7 +775,9 @@ def test_first_valid_reply_of_a_client_wins(fedcam: bool, first: str, second: st
             spec.kind = "cluster-too-large"
             spec.metrics[protocol.CLUSTER] = 2
     strategy = _simple_strategy(fedcam)
-    strategy.aggregate_train(1, [_message(spec, 10 + i, 1) for i, spec in enumerate(specs)])
+    # Both from client 7's node (a re-sent reply); another node's claim is an identity conflict
+    # (tests/test_identity_and_influence.py).
+    strategy.aggregate_train(1, [_message(spec, 10, 1) for spec in specs])
     for name in TEMPLATE_SHAPES:
         np.testing.assert_array_equal(strategy.cluster_models[1][name], kept_value)
         np.testing.assert_array_equal(strategy.cluster_models[0][name], 0.0)

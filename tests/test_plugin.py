@@ -222,10 +222,10 @@ def test_torch_client_losses_in_eval_mode_without_gradients() -> None:
 ])
 def test_received_arrays_decode_like_flower(value: np.ndarray) -> None:
     """The plugin reads Array payloads in place (no np.load); the result equals ``Array.numpy()``."""
-    from fedroute.client.plugin import _decoded
+    from fedroute.strategies.records import decode_array
 
     array = Array(value)
-    decoded, reference = _decoded(array), array.numpy()
+    decoded, reference = decode_array(array), array.numpy()
     assert decoded.dtype == reference.dtype and decoded.shape == reference.shape
     np.testing.assert_array_equal(decoded, reference)
 

@@ -33,6 +33,9 @@ def _metrics(**changes):
             values.pop(key)
         else:
             values[key] = value
+    cluster = values.get(protocol.CLUSTER)
+    if "route_distribution" not in changes and isinstance(cluster, (int, float)) and cluster in range(K):
+        values[protocol.ROUTE_DISTRIBUTION] = [float(k == cluster) for k in range(K)]  # the route's own distribution
     return values
 
 

@@ -1,0 +1,223 @@
+"""Bounded influence of a single reply on the cluster models and the routing masses.
+
+A reply's ``num-examples`` and model values are the client's claim.  Without
+bounds one node claiming ``n = 10⁹`` owns every cluster it routes to and,
+through the masses every client receives, everyone's routing.  The bounds here
+are applied by the strategies (:class:`~fedroute.strategies.clustered.ClusteredRouting`
+and :class:`~fedroute.strategies.fedcam.FedCAM`, cluster parts and global part
+alike) before the hard update:
+
+1. **Sample-weight cap** (on by default): each reply's weight is
+   ``min(n_i, c · m)`` with ``m`` the round's *lower median* of the claimed
+   ``n`` (an order statistic, not moved by one large claim) and
+   ``c = max_weight_ratio`` (default :data:`DEFAULT_MAX_WEIGHT_RATIO`).  The
+   capped weights are used for the cluster averages *and* the masses, so one
+   reply's share of either is at most ``c·m / (c·m + Σ_{j≠i} w_j)`` — for one
+   node of ten clients with equal ``n``: ``4/13 ≈ 0.31`` of the masses, and
+   ``4/(4+h)`` of a cluster it shares with ``h`` honest replies.  Honest rounds
+   in which no client claims more than ``c`` times the median are aggregated
+   exactly as before (bit for bit).
+2. **Update-norm bound** (optional): ``w_i − W_k`` (the reply minus the model
+   it was trained from) is scaled down to at most ``max_update_norm`` in L2.
+3. **Robust rule** (optional): per cluster, the coordinate-wise median or the
+   trimmed mean (Flower's ``FedTrimmedAvg`` maths,
+   :func:`flwr.serverapp.strategy.fedtrimmedavg.trim_mean`) of the replies
+   instead of the weighted mean.  Both ignore the sample weights (as Flower's
+   ``FedMedian``/``FedTrimmedAvg`` do).  With at least two honest replies in a
+   cluster the median stays within their coordinate range; the trimmed mean
+   does when ``⌊β·m⌋`` is at least the number of bad replies.
+
+Whatever the rule, a non-finite aggregate is never committed: that cluster
+keeps its model and its replies are reported as discarded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import numpy as np
+from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+from numpy.typing import NDArray
+
+from fedroute.strategies.aggregation import hard_update_checked, routing_masses
+
+__all__ = ["InfluenceBounds", "AGGREGATION_RULES", "DEFAULT_MAX_WEIGHT_RATIO", "RoundAggregate",
+           "capped_weights", "clip_updates", "robust_update", "aggregate_round"]
+
+AGGREGATION_RULES = ("weighted-mean", "median", "trimmed-mean")
+"""``weighted-mean``: the paper's hard update (FedAvg per cluster); ``median``:
+coordinate-wise median; ``trimmed-mean``: coordinate-wise mean without the
+``⌊β·m⌋`` largest and smallest values."""
+
+DEFAULT_MAX_WEIGHT_RATIO = 4.0
+"""Default cap ``c``: a reply weighs at most 4 × the round's lower-median ``n``."""
+
+MAX_WEIGHT_RATIO_LIMIT = 1e6
+
+
+@dataclass(frozen=True)
+class InfluenceBounds:
+    """How much one reply may move a cluster model and the masses (see the module docstring).
+
+    Parameters
+    ----------
+    max_weight_ratio : float, default 4.0
+        Cap ``c`` on a reply's weight relative to the round's lower-median
+        ``num-examples`` (≥ 1; ``math.inf`` turns the cap off).
+    max_update_norm : float, optional
+        Largest L2 norm of a reply's update ``w_i − W_k`` (> 0); ``None``: no bound.
+    aggregation : str, default "weighted-mean"
+        One of :data:`AGGREGATION_RULES`.
+    trim_fraction : float, default 0.2
+        ``β`` of ``trimmed-mean``: the fraction cut at each end, in ``[0, 0.5)``
+        (Flower's ``FedTrimmedAvg`` default).
+    """
+
+    max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
+    max_update_norm: Optional[float] = None
+    aggregation: str = "weighted-mean"
+    trim_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        ratio = self.max_weight_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or math.isnan(ratio) or \
+                not (ratio == math.inf or 1.0 <= ratio <= MAX_WEIGHT_RATIO_LIMIT):
+            raise ValueError(f"'max_weight_ratio' = {ratio!r} is invalid; allowed: a number in "
+                             f"[1, {MAX_WEIGHT_RATIO_LIMIT:g}] or inf (no cap)")
+        norm = self.max_update_norm
+        if norm is not None and (isinstance(norm, bool) or not isinstance(norm, (int, float))
+                                 or not 0.0 < norm < math.inf):
+            raise ValueError(f"'max_update_norm' = {norm!r} is invalid; allowed: a finite number > 0, or None")
+        if self.aggregation not in AGGREGATION_RULES:
+            raise ValueError(f"'aggregation' = {self.aggregation!r} is invalid; allowed: {AGGREGATION_RULES}")
+        beta = self.trim_fraction
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 0.5:
+            raise ValueError(f"'trim_fraction' = {beta!r} is invalid; allowed: a number in [0, 0.5)")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (``inf`` as the string ``"inf"``)."""
+        values = asdict(self)
+        if values["max_weight_ratio"] == math.inf:
+            values["max_weight_ratio"] = "inf"
+        return values
+
+
+def capped_weights(num_examples: NDArray[np.floating], max_ratio: float) -> NDArray[np.float64]:
+    """``min(n_i, c · m)`` with ``m`` the lower median of the round's ``n`` (the ``⌊(m-1)/2⌋``-th smallest).
+
+    The values are returned unchanged (the same floats) where the cap does not bind.
+    """
+    weights = np.asarray(num_examples, dtype=np.float64)
+    if weights.size == 0 or max_ratio == math.inf:
+        return weights
+    lower_median = np.partition(weights, (weights.size - 1) // 2)[(weights.size - 1) // 2]
+    cap = max_ratio * lower_median
+    return np.minimum(weights, cap) if np.any(weights > cap) else weights
+
+
+def clip_updates(client_models: NDArray[np.floating], reference_models: NDArray[np.floating],
+                 max_norm: float) -> NDArray[np.float64]:
+    """Each ``w_i`` moved towards its reference ``W`` until ``‖w_i − W‖₂ ≤ max_norm``.
+
+    Overflow-free for any finite inputs: the difference is formed from halves
+    and rescaled by its largest entry before its norm is taken.
+    """
+    models = np.asarray(client_models, dtype=np.float64)
+    reference = np.asarray(reference_models, dtype=np.float64)
+    half = models / 2 - reference / 2  # (w - W) / 2, never overflows
+    largest = np.max(np.abs(half), axis=1, initial=0.0)
+    safe = np.where(largest > 0, largest, 1.0)
+    unit = half / safe[:, None]  # entries in [-1, 1]
+    unit_norm = np.linalg.norm(unit, axis=1)  # ‖w - W‖ = 2 · largest · unit_norm
+    with np.errstate(over="ignore"):  # an overflow to inf means "far": clipped, as it should be
+        too_far = largest * unit_norm > max_norm / 2  # ‖w − W‖ / 2 > bound / 2
+    clipped = models.copy()
+    if too_far.any():
+        clipped[too_far] = reference[too_far] + unit[too_far] * (max_norm / unit_norm[too_far])[:, None]
+    return clipped
+
+
+def robust_update(cluster_models: NDArray[np.floating], client_models: NDArray[np.floating],
+                  routes: NDArray[np.int64], rule: str, trim_fraction: float = 0.2,
+                  ) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
+    """Per cluster, the coordinate-wise median or trimmed mean of its replies (unweighted).
+
+    Same contract as :func:`~fedroute.strategies.aggregation.hard_update_checked`:
+    a cluster nobody routed to is kept, and so is one whose aggregate is not finite.
+    """
+    if rule not in ("median", "trimmed-mean"):
+        raise ValueError(f"rule = {rule!r} is invalid; allowed: 'median', 'trimmed-mean'")
+    updated = np.array(cluster_models, copy=True)
+    non_finite = np.zeros(updated.shape[0], dtype=bool)
+    models = np.asarray(client_models, dtype=np.float64)
+    routes = np.asarray(routes, dtype=np.int64)
+    def aggregate(members: NDArray[np.float64]) -> NDArray[np.floating]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            value = np.median(members, axis=0) if rule == "median" else trim_mean(members, trim_fraction)
+        return np.asarray(value).astype(updated.dtype)
+
+    for cluster in np.unique(routes):
+        members = models[routes == cluster]
+        value = aggregate(members)
+        if not np.all(np.isfinite(value)):  # the mean of the middle values overflowed: average scaled values
+            scale = max(2, len(members))
+            with np.errstate(over="ignore", invalid="ignore"):
+                value = (aggregate(members / scale).astype(np.float64) * scale).astype(updated.dtype)
+        if np.all(np.isfinite(value)):
+            updated[cluster] = value
+        else:
+            non_finite[cluster] = True
+    return updated, non_finite
+
+
+@dataclass(frozen=True)
+class RoundAggregate:
+    """What one round's replies did to the models and the masses."""
+
+    models: NDArray[np.floating]
+    """The updated models, shape (K, P)."""
+    weights: NDArray[np.float64]
+    """Each reply's weight after the cap, shape (m,)."""
+    kept: NDArray[np.bool_]
+    """Replies whose cluster took the update (False: that cluster's aggregate was not finite)."""
+    non_finite_clusters: NDArray[np.bool_]
+    """Clusters that kept their model because their aggregate was not finite, shape (K,)."""
+    masses: Optional[NDArray[np.float64]]
+    """Routing masses of the kept replies (capped weights); ``None`` if no reply was kept."""
+
+
+def aggregate_round(cluster_models: NDArray[np.floating], client_models: NDArray[np.floating],
+                    routes: NDArray[np.int64], num_examples: NDArray[np.floating],
+                    bounds: InfluenceBounds) -> RoundAggregate:
+    """One round's update under ``bounds``: cap the weights, bound the updates, aggregate per cluster.
+
+    Parameters
+    ----------
+    cluster_models : ndarray, shape (K, P)
+        ``W^t``.
+    client_models : ndarray, shape (m, P)
+        The validated replies ``w_i^+`` (finite).
+    routes : ndarray of int, shape (m,)
+        Each reply's cluster.
+    num_examples : ndarray, shape (m,)
+        The claimed ``n_i``.
+    bounds : InfluenceBounds
+
+    Returns
+    -------
+    RoundAggregate
+    """
+    routes = np.asarray(routes, dtype=np.int64)
+    weights = capped_weights(num_examples, bounds.max_weight_ratio)
+    models = client_models
+    if bounds.max_update_norm is not None and len(routes):
+        models = clip_updates(client_models, np.asarray(cluster_models)[routes], bounds.max_update_norm)
+    if bounds.aggregation == "weighted-mean":
+        updated, non_finite = hard_update_checked(cluster_models, models, routes, weights)
+    else:
+        updated, non_finite = robust_update(cluster_models, models, routes, bounds.aggregation, bounds.trim_fraction)
+    kept = ~non_finite[routes] if len(routes) else np.zeros(0, dtype=bool)
+    masses = routing_masses(routes[kept], weights[kept], cluster_models.shape[0]) if kept.any() else None
+    return RoundAggregate(models=updated, weights=weights, kept=kept, non_finite_clusters=non_finite, masses=masses)
