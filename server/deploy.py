@@ -197,6 +197,12 @@ class LocalFederation:
     state_dir : path, optional
         Persistent client state: SuperNode ``i`` gets ``state-dir=<state_dir>/supernode-<i>``
         in its node config, so a restarted SuperNode continues its controller state.
+
+    The SuperLink keeps its state (registered nodes, runs) in
+    ``<flwr_home>/superlink.db`` (``--database``), so that after
+    :meth:`kill_superlink` and :meth:`restart_superlink` the SuperNodes, which
+    keep running and retry, are recognised again (with Flower's in-memory
+    state a restarted SuperLink answers them 401 and they exit).
     flwr_home : path, optional
         This federation's ``FLWR_HOME`` (a fresh temporary directory by default,
         removed on exit).
@@ -274,15 +280,7 @@ class LocalFederation:
         if self.tls:
             self.certificates = make_certificates(self.certificates_dir)
         self.port = _free_port()
-        command = [self._script("flower-superlink"), "--disable-runtime-dependency-installation",
-                   "--host", "127.0.0.1", "--port", str(self.port)]
-        if self.tls:
-            command += ["--ssl-certfile", str(self.certificates["cert"]), "--ssl-keyfile",
-                        str(self.certificates["key"]), "--ssl-ca-certfile", str(self.certificates["ca"])]
-        else:
-            command += ["--insecure"]
-        self._superlink = self._spawn(command, "superlink")
-        _wait_port(self.port, self.startup_timeout, self._superlink, "flower-superlink", self.log_dir / "superlink.log")
+        self._start_superlink()
         self._write_connection()
         for index in range(self.num_supernodes):
             self._start_supernode(index)
@@ -337,6 +335,22 @@ class LocalFederation:
         if self.state_dir is not None:
             config["state-dir"] = str(self.state_dir / f"supernode-{index}")
         return config
+
+    @property
+    def superlink_database(self) -> Path:
+        """The SuperLink's state file (``--database``)."""
+        return self.flwr_home / "superlink.db"
+
+    def _start_superlink(self) -> None:
+        command = [self._script("flower-superlink"), "--disable-runtime-dependency-installation",
+                   "--host", "127.0.0.1", "--port", str(self.port), "--database", str(self.superlink_database)]
+        if self.tls:
+            command += ["--ssl-certfile", str(self.certificates["cert"]), "--ssl-keyfile",
+                        str(self.certificates["key"]), "--ssl-ca-certfile", str(self.certificates["ca"])]
+        else:
+            command += ["--insecure"]
+        self._superlink = self._spawn(command, "superlink")
+        _wait_port(self.port, self.startup_timeout, self._superlink, "flower-superlink", self.log_dir / "superlink.log")
 
     def _start_supernode(self, index: int) -> None:
         command = [self._script("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
@@ -470,8 +484,13 @@ class LocalFederation:
         process = self._supernodes[index]
         if process is None or process.poll() is not None:
             raise RuntimeError(f"SuperNode {index} is not running")
-        family = _descendants(process.pid)
         self._killed.add(index)
+        return self._kill_family(process, sig, include_children, grace)
+
+    def _kill_family(self, process: subprocess.Popen, sig: int, include_children: bool, grace: float) -> int:
+        """Signal ``process`` (and, with ``include_children``, its descendants at the same time); wait
+        until all of them are gone, SIGKILL after ``grace`` s; return the process's exit code."""
+        family = _descendants(process.pid)
         process.send_signal(sig)
         for pid in family if include_children else ():
             try:
@@ -483,7 +502,7 @@ class LocalFederation:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
-        # The SuperExec and a running ClientApp watch their parent and exit; make sure they are gone.
+        # Executors and app processes watch their parent and exit; make sure they are gone.
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(_carries_home(pid, self.flwr_home) for pid in family):
             time.sleep(0.2)
@@ -494,6 +513,57 @@ class LocalFederation:
                 except OSError:
                     pass
         return int(process.returncode)
+
+    # ------------------------------------------------------------ server loss
+    def superlink_pid(self) -> Optional[int]:
+        """PID of the SuperLink if it is running."""
+        process = self._superlink
+        return process.pid if process is not None and process.poll() is None else None
+
+    def kill_superlink(self, sig: int = signal.SIGKILL, grace: float = 30.0) -> int:
+        """Send ``sig`` to the SuperLink and at the same time to everything it started (its SuperExec
+        and the running ServerApp), as when the server's machine goes away; wait until all of them
+        are gone (SIGKILL after ``grace`` s); return the SuperLink's exit code.
+
+        The SuperNodes keep running: they retry the connection until
+        :meth:`restart_superlink` brings the SuperLink back.
+        """
+        process = self._superlink
+        if process is None or process.poll() is not None:
+            raise RuntimeError("the SuperLink is not running")
+        return self._kill_family(process, sig, True, grace)
+
+    def restart_superlink(self, wait: bool = True, timeout: float = 300.0) -> list[int]:
+        """Start the SuperLink again (same port, certificates and database); stop the runs the old
+        one left unfinished (their ServerApp died with it); with ``wait``, wait until every running
+        SuperNode is online again (they reconnect with back-off, up to ≈ 20 s apart).
+
+        Returns
+        -------
+        list of int
+            The run ids that were stopped.
+        """
+        if self.superlink_pid() is not None:
+            raise RuntimeError("the SuperLink is still running; kill it first")
+        self._start_superlink()
+        stopped = []
+        for run_id, status in self.runs().items():
+            if not status.startswith("finished"):
+                self._flwr_command("stop", str(run_id), CONNECTION)
+                stopped.append(run_id)
+        if wait:
+            self.wait_for_supernodes(sum(self.supernode_pid(i) is not None for i in range(self.num_supernodes)),
+                                     timeout=timeout)
+        return stopped
+
+    def runs(self) -> dict[int, str]:
+        """Run id → status (``flwr ls``)."""
+        listing = self._flwr_command("ls", CONNECTION, "--format", "json")
+        try:
+            return {int(run["run-id"]): str(run.get("status", "unknown"))
+                    for run in json.loads(listing.stdout).get("runs", [])}
+        except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
+            return {}
 
     def restart_supernode(self, index: int, wait: bool = False) -> None:
         """Start SuperNode ``index`` again (same partition and state-dir; a new node ID)."""
