@@ -100,6 +100,7 @@ def check_base_structure(document: dict[str, Any], count: int) -> None:
     assert "--insecure" in command and _option(command, "--isolation") == "process"
     assert _option(command, "--host") == "0.0.0.0" and _option(command, "--port") == "8000"
     assert "--disable-runtime-dependency-installation" in command
+    assert _option(command, "--database") == "/app/superlink.db" and _mounts(superlink) == {"/app": "superlink-state"}
     assert superlink["environment"]["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     published = [_resolve(str(port)) for port in superlink["ports"]]
     assert published == ["127.0.0.1:8000:8000"]
@@ -108,8 +109,11 @@ def check_base_structure(document: dict[str, Any], count: int) -> None:
     serverapp = services["superexec-serverapp"]
     assert serverapp["command"] == ["--insecure", "--runtime-api-address", SUPERLINK_ADDRESS]
     assert serverapp["depends_on"] == {"superlink": {"condition": "service_healthy"}}
-    assert _mounts(serverapp) == {"/app/results": "results"} and "results" in document["volumes"]
+    assert _mounts(serverapp) == {"/app/results": "results", "/app/checkpoints": "checkpoints"}
     assert serverapp["environment"]["FEDROUTE_RESULTS_ROOT"] == "/app"
+    assert serverapp["environment"]["FEDROUTE_CHECKPOINT_DIR"] == "/app/checkpoints"
+    assert set(document["volumes"]) == {"results", "checkpoints", "superlink-state",
+                                        *(f"client-state-{i}" for i in range(count))}
     assert serverapp["environment"]["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
 
     builds = [services[name]["build"] for name in ["superexec-serverapp", *clientapps]]
@@ -126,7 +130,8 @@ def check_base_structure(document: dict[str, Any], count: int) -> None:
         command = supernode["command"]
         assert "--insecure" in command and _option(command, "--superlink") == SUPERLINK_ADDRESS
         assert _option(command, "--isolation") == "process" and _option(command, "--host") == "0.0.0.0"
-        assert _option(command, "--node-config") == f"partition-id={index} num-partitions={count}"
+        assert _option(command, "--node-config") == \
+            f"partition-id={index} num-partitions={count} state-dir='/app/state'"
         port = int(_option(command, "--port"))
         ports.append(port)
         assert str(port) in " ".join(supernode["healthcheck"]["test"])
@@ -135,6 +140,7 @@ def check_base_structure(document: dict[str, Any], count: int) -> None:
         # The ClientApp executor pairs with its own SuperNode's Runtime API.
         assert clientapp["command"] == ["--insecure", "--runtime-api-address", f"{supernode_name}:{port}"]
         assert clientapp["depends_on"] == {supernode_name: {"condition": "service_healthy"}}
+        assert _mounts(clientapp) == {"/app/state": f"client-state-{index}"}  # the ClientApp writes the state
     assert len(set(ports)) == count and 8000 not in ports
 
 
@@ -158,11 +164,13 @@ def test_generator_writes_n_supernodes(count: int, tmp_path: Path) -> None:
     check_base_structure(document, count)
     node_configs = sorted(_option(service["command"], "--node-config")
                           for name, service in document["services"].items() if name.startswith("supernode-"))
-    assert node_configs == sorted(f"partition-id={i} num-partitions={count}" for i in range(count))
-    check_tls_override(_load(_generator().tls_override(count)), document, count, node_auth=False)
+    assert node_configs == sorted(f"partition-id={i} num-partitions={count} state-dir='/app/state'"
+                                  for i in range(count))
+    check_tls_override(_load(_generator().tls_override(count)), document, count, node_auth=True)
+    check_tls_override(_load(_generator().tls_override(count, node_auth=False)), document, count, node_auth=False)
 
 
-@pytest.mark.parametrize("arguments", [["0"], ["-2"], ["three"], ["4", "--node-auth"], []])
+@pytest.mark.parametrize("arguments", [["0"], ["-2"], ["three"], ["4", "--no-node-auth"], ["4", "--node-auth"], []])
 def test_generator_rejects_bad_arguments(arguments: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
         _generator().main(arguments)
@@ -236,12 +244,70 @@ def check_tls_override(override: dict[str, Any], base: dict[str, Any], count: in
 
 
 def test_committed_tls_override(committed: dict[str, Any], committed_tls: dict[str, Any]) -> None:
-    check_tls_override(committed_tls, committed, DEFAULT_SUPERNODES, node_auth=False)
+    check_tls_override(committed_tls, committed, DEFAULT_SUPERNODES, node_auth=True)
 
 
-def test_generator_node_auth_override(committed: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    assert _generator().main([str(DEFAULT_SUPERNODES), "--tls", "--node-auth"]) == 0
-    check_tls_override(_load(capsys.readouterr().out), committed, DEFAULT_SUPERNODES, node_auth=True)
+def test_generator_tls_override_without_node_auth(committed: dict[str, Any],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert _generator().main([str(DEFAULT_SUPERNODES), "--tls", "--no-node-auth"]) == 0
+    check_tls_override(_load(capsys.readouterr().out), committed, DEFAULT_SUPERNODES, node_auth=False)
+
+
+# --------------------------------------------------------------------------- issue 11: state, confinement, auth
+
+
+def test_state_survives_restarts_on_volumes(committed: dict[str, Any]) -> None:
+    """Checkpoints, client state, the SuperLink's database and the results are on named volumes, on
+    directories the containers' user owns (Docker gives a new named volume the ownership of the
+    image's directory)."""
+    services = committed["services"]
+    named = set(committed["volumes"])
+    for name, service in services.items():
+        for source in _mounts(service).values():
+            assert source in named or source.startswith("./certificates/"), (name, source)
+    assert "/app/checkpoints" in _mounts(services["superexec-serverapp"])
+    for index in range(DEFAULT_SUPERNODES):
+        assert "state-dir='/app/state'" in _option(services[f"supernode-{index}"]["command"], "--node-config")
+        assert _mounts(services[f"superexec-clientapp-{index}"])["/app/state"] == f"client-state-{index}"
+    # The executor image creates the mount points as its own user (app, uid 49999).
+    text = DOCKERFILE.read_text()
+    assert "mkdir -p /app/results /app/checkpoints /app/state" in text
+
+
+def test_containers_are_confined(committed: dict[str, Any]) -> None:
+    """Every container: no capabilities, no privilege escalation, a memory limit (settable)."""
+    limits = {}
+    for name, service in committed["services"].items():
+        assert service["cap_drop"] == ["ALL"], name
+        assert service["security_opt"] == ["no-new-privileges:true"], name
+        assert re.fullmatch(r"\$\{[A-Z_]+_MEMORY:-\d+[mg]\}", service["mem_limit"]), name
+        limits[name] = _resolve(service["mem_limit"])
+        assert "privileged" not in service and "cap_add" not in service, name
+    assert limits["superlink"] == "1g" and limits["supernode-0"] == "512m"
+    assert limits["superexec-serverapp"] == limits["superexec-clientapp-0"] == "2g"
+
+
+def test_tls_override_enables_supernode_authentication(committed: dict[str, Any],
+                                                       committed_tls: dict[str, Any]) -> None:
+    merged = _merge(committed, committed_tls)
+    assert "--enable-supernode-auth" in merged["superlink"]["command"]
+    for index in range(DEFAULT_SUPERNODES):
+        command = merged[f"supernode-{index}"]["command"]
+        assert _option(command, "--auth-supernode-private-key") == f"{CERTIFICATES}/supernode-keys/supernode-{index}"
+    header = (REPOSITORY / "docker-compose.tls.yml").read_text().split("services:")[0]
+    assert f"--node-keys {DEFAULT_SUPERNODES}" in header and "flwr supernode register" in header
+
+
+def test_docs_describe_what_is_authenticated() -> None:
+    """docs/deployment.md says plainly what is and is not authenticated, and no longer describes the
+    fixed wait-for-all-nodes bug as a known limitation."""
+    text = (REPOSITORY / "docs" / "deployment.md").read_text()
+    section = text.split("## What is and is not authenticated", 1)[1].split("\n## ", 1)[0]
+    for needle in ("Control API", "no login", "does **not** ask clients for certificates",
+                   "--enable-supernode-auth", "--superexec-auth-secret-file", "SUPERLINK_BIND=0.0.0.0", "firewall"):
+        assert needle in section, needle
+    assert "Known limitation" not in text and "node_wait_timeout`) the ServerApp raises" not in text
+    assert "--database" in text and "kill_superlink" in text
 
 
 def _compose_binary() -> list[str] | None:
