@@ -7,7 +7,7 @@ import pytest
 
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.methods import method_settings
-from fedroute.tasks.gmm import GMMTask, cross_entropy
+from fedroute.tasks.gmm import GMMTask, cross_entropy, fit_logistic_regression, fit_logistic_regressions
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +167,57 @@ def test_runs_in_the_simulator(task, clients):
     assert history.cluster_models.shape == (5, 3, task.num_parameters)
     assert np.all(np.isfinite(history.cluster_models))
     np.testing.assert_array_equal(history.groups, clients.groups)
+
+
+def test_batched_kernels_equal_the_per_sample_formulas(task, clients):
+    """Losses and the update (label moments, class-major products) equal the textbook formulas."""
+    models = task.initial_models(3) + np.random.default_rng(5).standard_normal((3, task.num_parameters))
+    features = np.concatenate([clients.train_inputs, np.ones(clients.train_inputs.shape[:-1] + (1,))], axis=-1)
+    logits = np.einsum("nsd,kcd->nksc", features, models.reshape(3, task.num_classes, -1))
+    np.testing.assert_allclose(clients.losses(models), cross_entropy(logits, clients.train_labels[:, None, :]),
+                               rtol=1e-12, atol=0)
+    one_step = replace(clients, local_steps=1, learning_rate=0.5)
+    rows = np.array([0, 7, 7])
+    stepped = one_step.local_update(models, rows, 0)
+    z = np.einsum("msd,mcd->msc", features[rows], models.reshape(3, task.num_classes, -1))
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    p[np.arange(3)[:, None], np.arange(z.shape[1]), clients.train_labels[rows]] -= 1.0
+    gradient = np.einsum("msc,msd->mcd", p, features[rows]).reshape(3, -1) / z.shape[1]
+    np.testing.assert_allclose(stepped, models - 0.5 * gradient, rtol=1e-12, atol=1e-14)
+
+
+def _plain_gradient_descent(features, labels, num_classes, tolerance=1e-8):
+    """The textbook loop (the oracle fit before it was batched), for bit-for-bit comparison."""
+    count = len(features)
+    step = 1.0 / (0.5 * np.linalg.eigvalsh(features.T @ features / count)[-1] * count)
+    onehot = np.eye(num_classes)[labels]
+    weights = np.zeros((num_classes, features.shape[1]))
+    while True:
+        logits = features @ weights.T
+        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+        grad = (probabilities - onehot).T @ features
+        if np.linalg.norm(grad) < tolerance * count:
+            return weights
+        weights -= step * grad
+
+
+def test_group_fits_together_equal_separate_fits_bit_for_bit():
+    """fit_logistic_regressions batches data sets without changing any of them (the oracles of E5):
+    each equals the textbook loop bit for bit."""
+    task = GMMTask(seed=0)
+    clients = task.clients(np.arange(task.num_clients))
+    features = np.stack([np.concatenate([clients.train_inputs[clients.groups == g],
+                                         np.ones((10, 50, 1))], axis=-1).reshape(-1, 11) for g in range(3)])
+    labels = np.stack([clients.train_labels[clients.groups == g].reshape(-1) for g in range(3)])
+    together, steps = fit_logistic_regressions(features, labels, task.num_classes, max_steps=20_000)
+    assert len(set(steps.tolist())) > 1  # the groups leave the batch at different steps
+    for g in range(3):
+        alone = fit_logistic_regression(features[g], labels[g], task.num_classes, max_steps=20_000)
+        np.testing.assert_array_equal(together[g], alone)
+        np.testing.assert_array_equal(alone, _plain_gradient_descent(features[g], labels[g], task.num_classes))
+    capped, capped_steps = fit_logistic_regressions(features, labels, task.num_classes, max_steps=int(steps.min()))
+    assert np.isnan(capped[steps > steps.min()]).all() and (capped_steps[steps > steps.min()] > steps.min()).all()
+    with pytest.raises(RuntimeError, match="did not converge"):
+        fit_logistic_regression(features[0], labels[0], task.num_classes, max_steps=10)
