@@ -19,7 +19,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedroute import protocol
-from fedroute.client.handlers import fedcam_reply, reply, routing_reply
+from fedroute.client.handlers import evaluation_losses, fedcam_reply, reply, routing_reply
 from fedroute.client.round import provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
 from fedroute.strategies.records import decode_array
@@ -73,12 +73,16 @@ def train(message: Message, context: Context) -> Message:
     return routing_reply(message, context, config, settings, clients, models, template)
 
 
+def _global_part(message: Message) -> np.ndarray:
+    """FedCAM's ``Θ_glob`` (the ``global-model`` record) as a flat vector."""
+    return protocol.flatten_arrays(
+        {name: decode_array(array) for name, array in message.content[protocol.GLOBAL_MODEL].items()})
+
+
 def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, template: dict[str, np.ndarray],
                   clients: ClientBatch) -> Message:
     """FedCAM: assignment by the combined predictor, local update of both parts."""
-    global_model = protocol.flatten_arrays(
-        {name: decode_array(array) for name, array in message.content[protocol.GLOBAL_MODEL].items()})
-    return fedcam_reply(message, config, clients, models, template, global_model)
+    return fedcam_reply(message, config, clients, models, template, _global_part(message))
 
 
 @app.query()
@@ -94,12 +98,16 @@ def provisional(message: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    """Controller-free evaluation: every model's loss on both splits (and the group label)."""
-    _, _, models, _, clients = _received(message, context)
+    """Controller-free evaluation: every model's loss on both splits (and the group label).
+
+    Under FedCAM the models are the combined predictors of the cluster parts and ``Θ_glob``."""
+    config, _, models, _, clients = _received(message, context)
+    fedcam = config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM
+    global_model = _global_part(message) if fedcam else None
     return reply(message, {
         protocol.CLIENT_ID: int(clients.client_ids[0]),
         protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
-        protocol.TRAIN_LOSSES: [float(v) for v in clients.losses(models, "train")[0]],
-        protocol.TEST_LOSSES: [float(v) for v in clients.losses(models, "test")[0]],
+        protocol.TRAIN_LOSSES: [float(v) for v in evaluation_losses(clients, models, global_model, "train")[0]],
+        protocol.TEST_LOSSES: [float(v) for v in evaluation_losses(clients, models, global_model, "test")[0]],
         protocol.GROUP: int(clients.groups[0]),
     })

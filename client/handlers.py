@@ -16,14 +16,14 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedroute import protocol
-from fedroute.client.fedcam import fedcam_client_round
+from fedroute.client.fedcam import fedcam_client_round, fedcam_losses
 from fedroute.client.round import client_round
 from fedroute.client.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.strategies.records import array_record
 from fedroute.tasks.base import ClientBatch
 
-__all__ = ["reply", "routing_reply", "fedcam_reply", "num_examples_metric"]
+__all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "num_examples_metric"]
 
 
 def num_examples_metric(value: float) -> int | float:
@@ -85,3 +85,12 @@ def fedcam_reply(message: Message, config: dict[str, Any], clients: ClientBatch,
         getattr(clients, "train_metrics", None))
     answer.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
     return answer
+
+
+def evaluation_losses(clients: ClientBatch, models: np.ndarray, global_model: Optional[np.ndarray],
+                      split: str) -> np.ndarray:
+    """The losses a controller-free evaluation reports, (n, K): of the ``K`` models, or — FedCAM, with
+    ``global_model`` — of the combined predictors (:func:`~fedroute.client.fedcam.fedcam_losses`)."""
+    if global_model is None:
+        return clients.losses(models, split)
+    return fedcam_losses(clients, global_model, models, split)

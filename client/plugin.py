@@ -35,7 +35,7 @@ import torch
 from flwr.app import Context, Message
 
 from fedroute import protocol
-from fedroute.client.handlers import fedcam_reply, num_examples_metric, reply, routing_reply
+from fedroute.client.handlers import evaluation_losses, fedcam_reply, num_examples_metric, reply, routing_reply
 from fedroute.client.round import provisional_greedy_routes
 from fedroute.client.settings import RoutingSettings
 from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
@@ -159,15 +159,21 @@ def routing_train(
     return routing_reply(message, context, config, settings, client, models, template)
 
 
-def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient, models: np.ndarray,
-                  template: dict[str, np.ndarray]) -> Message:
-    """FedCAM: Greedy on the combined parameters ``Θ_glob + Θ_k``, local update of both parts."""
+def _global_part(message: Message, client: TorchClient) -> np.ndarray:
+    """FedCAM's ``Θ_glob`` (the ``global-model`` record), checked against the module, as a flat vector."""
     if protocol.GLOBAL_MODEL not in message.content.array_records:
         raise ValueError(f"a FedCAM message needs the ArrayRecord '{protocol.GLOBAL_MODEL}'")
     global_arrays = {name: decode_array(array)
                      for name, array in message.content.array_records[protocol.GLOBAL_MODEL].items()}
     client.check_template(global_arrays)
-    return fedcam_reply(message, config, client, models, template, protocol.flatten_arrays(global_arrays))
+    return protocol.flatten_arrays(global_arrays)
+
+
+def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient, models: np.ndarray,
+                  template: dict[str, np.ndarray]) -> Message:
+    """FedCAM on a user's module: the additive form (Greedy on ``Θ_glob + Θ_k``, the displacement split
+    between the parts; :mod:`fedroute.client.fedcam`)."""
+    return fedcam_reply(message, config, client, models, template, _global_part(message, client))
 
 
 def routing_evaluate(
@@ -216,8 +222,11 @@ def routing_evaluate(
     client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id),
                          group=group, test_loss_fn=test_loss_fn)
     models, _ = _cluster_models(message, settings.num_clusters, client)
-    train_losses = client.losses(models, "train")[0]
-    test_losses = client.losses(models, "test")[0] if test_loss_fn is not None else train_losses
+    global_model = _global_part(message, client) if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM \
+        else None
+    train_losses = evaluation_losses(client, models, global_model, "train")[0]
+    test_losses = evaluation_losses(client, models, global_model, "test")[0] if test_loss_fn is not None \
+        else train_losses
     return reply(message, {
         protocol.CLIENT_ID: int(client.client_ids[0]),
         protocol.NUM_EXAMPLES: num_examples_metric(client.num_examples[0]),

@@ -26,6 +26,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedroute import protocol
+from fedroute.client.fedcam import initial_global_model, task_uses_output_sum
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.server.results import summary_table, write_results, write_status
@@ -45,9 +46,14 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
     """The strategy of one method, writing its telemetry (and TensorBoard files) into ``directory``."""
     routing = settings.routing[method]
     num_clients = settings.task.num_clients
+    fedcam: dict[str, Any] = {}
+    if method == "fedcam":  # Θ_glob^0: the task's zero-output start
+        initial = settings.task.initial_models(routing.num_clusters)
+        fedcam["initial_global_arrays"] = {"weights": initial_global_model(settings.task, initial)}
     strategy_class = FedCAM if method == "fedcam" else ClusteredRouting
     return strategy_class(
         routing,
+        **fedcam,
         fraction_train=settings.fraction_train,
         min_train_nodes=min(settings.min_train_nodes, num_clients),
         min_available_nodes=num_clients,
@@ -65,6 +71,14 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
     )
 
 
+def evaluated_models(strategy: ClusteredRouting, task: Any) -> list[dict[str, np.ndarray]]:
+    """The final models a run reports: the cluster models; under FedCAM the combined predictors
+    ``Θ_glob + Θ_k`` (additive form) or the cluster parts (output-sum form, written beside ``Θ_glob``)."""
+    if isinstance(strategy, FedCAM) and not task_uses_output_sum(task):
+        return strategy.combined_models()
+    return strategy.cluster_models
+
+
 def run_method(grid: Grid, settings: RunSettings, method: str, strategy: ClusteredRouting) -> dict[str, Any]:
     """Run one method to the end with ``strategy`` (:func:`make_strategy`); return its summary."""
     routing = settings.routing[method]
@@ -72,8 +86,7 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     started = time.monotonic()
     strategy.start(grid, [array_record({"weights": model}) for model in initial], num_rounds=settings.num_rounds)
     wall = time.monotonic() - started
-    evaluated = strategy.combined_models() if isinstance(strategy, FedCAM) else strategy.cluster_models
-    final = np.stack([protocol.flatten_arrays(model) for model in evaluated])
+    final = np.stack([protocol.flatten_arrays(model) for model in evaluated_models(strategy, settings.task)])
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
     if evaluation:
@@ -135,9 +148,10 @@ def main(grid: Grid, context: Context) -> None:
             raise
         routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
                       for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
-        evaluated = strategy.combined_models() if isinstance(strategy, FedCAM) else strategy.cluster_models
-        for cluster, model in enumerate(evaluated):
+        for cluster, model in enumerate(evaluated_models(strategy, settings.task)):
             models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
+        if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
+            models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
         write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
     write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
     table = summary_table(summaries)

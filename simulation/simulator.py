@@ -27,7 +27,7 @@ from fedroute.strategies.aggregation import hard_update, routing_masses
 from fedroute.tasks.base import ClientBatch, Task
 
 __all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
-           "recording", "changed_models"]
+           "recording", "changed_models", "kept_model_rounds"]
 
 
 class SimulatedRound:
@@ -84,8 +84,9 @@ def recording(recorder: Any, run: int = 0) -> OnRound:
 def concatenate_clients(batches: Sequence[ClientBatch]) -> ClientBatch:
     """One client batch holding the clients of several (dataclass) batches in order.
 
-    Array fields (and tuples of arrays) are concatenated along the client axis;
-    other fields (e.g. the learning rate) must be equal in every batch.
+    Array fields (and tuples of arrays) are concatenated along the client axis, a
+    field holding a client batch (a wrapper's) recursively; other fields (e.g. the
+    learning rate) must be equal in every batch.
     """
     first = batches[0]
     if len(batches) == 1:
@@ -97,6 +98,8 @@ def concatenate_clients(batches: Sequence[ClientBatch]) -> ClientBatch:
         values = [getattr(batch, field.name) for batch in batches]
         if isinstance(values[0], np.ndarray):
             merged[field.name] = np.concatenate(values, axis=0)
+        elif is_dataclass(values[0]) and not isinstance(values[0], type):  # a wrapped client batch
+            merged[field.name] = concatenate_clients(values)
         elif isinstance(values[0], tuple) and isinstance(values[0][0], np.ndarray):
             merged[field.name] = tuple(np.concatenate(parts, axis=0) for parts in zip(*values))
         else:
@@ -182,6 +185,14 @@ class RunHistory:
     final_state: AgentState
 
 
+def kept_model_rounds(num_rounds: int, model_rounds: Optional[Sequence[int]]) -> set[int]:
+    """The rounds ``t ∈ 0..T`` whose models a history records (all when ``model_rounds`` is None)."""
+    kept = set(range(num_rounds + 1)) if model_rounds is None else {int(t) for t in model_rounds}
+    if any(not 0 <= t <= num_rounds for t in kept):
+        raise ValueError(f"model_rounds must lie in [0, {num_rounds}]")
+    return kept
+
+
 def simulate_batch(
     tasks: Sequence[Task],
     settings: RoutingSettings,
@@ -243,9 +254,7 @@ def simulate_batch(
     record: dict[str, list] = {key: [] for key in keys}
     detailed: dict[str, list] = {key: [] for key in (
         "train_losses", "controllers", "arms", "arm_probabilities", "entered", "released")}
-    kept_rounds = set(range(num_rounds + 1)) if model_rounds is None else {int(t) for t in model_rounds}
-    if any(not 0 <= t <= num_rounds for t in kept_rounds):
-        raise ValueError(f"model_rounds must lie in [0, {num_rounds}]")
+    kept_rounds = kept_model_rounds(num_rounds, model_rounds)
     if 0 in kept_rounds:
         record["cluster_models"].append(models)
 

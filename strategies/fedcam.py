@@ -1,13 +1,14 @@
 """``FedCAM``: Clustered Additive Modeling as a Flower strategy (the FedCAM baseline).
 
 The server holds a global part ``Θ_glob`` besides the ``K`` cluster parts.
-Training messages carry both (``global-model`` record, ``algorithm = fedcam``);
-a client replies with its trained cluster part (``model``) and global part
-(``global-model``).  ``Θ_k`` is averaged over the clients assigned to ``k``
-(the hard update), ``Θ_glob`` over all valid replies.  Evaluation messages carry
-the combined predictors ``Θ_glob + Θ_k`` as the ``K`` cluster models, so the
-controller-free evaluation is that of the combined predictor.  See
-:mod:`fedroute.client.fedcam` for the client side.
+Training and evaluation messages carry both (the ``K`` cluster parts, the
+``global-model`` record, ``algorithm = fedcam``); a client replies to training
+with its trained cluster part (``model``) and global part (``global-model``),
+and to evaluation with the losses of its combined predictors
+``h(x; Θ_glob) + f(x; Θ_k)``.  ``Θ_k`` is averaged over the clients assigned to
+``k`` (the hard update), ``Θ_glob`` over all valid replies.  The client decides
+the form (output sum of two networks, or the additive parameter sum for models
+linear in their parameters): :mod:`fedroute.client.fedcam`.
 """
 
 from __future__ import annotations
@@ -35,13 +36,22 @@ class FedCAM(ClusteredRouting):
     """FedCAM: a global part plus ``K`` cluster parts; clients assign by the combined loss.
 
     Parameters are those of :class:`ClusteredRouting` (``routing`` only sets
-    ``K``: FedCAM's assignment is Greedy on the combined predictor).
+    ``K``: FedCAM's assignment is Greedy on the combined predictor), plus:
+
+    initial_global_arrays : ArrayRecord or dict of arrays, optional
+        ``Θ_glob^0``, with the cluster models' names, shapes and dtypes.  It must
+        have zero output (e.g. a network whose last layer is zero: the output-sum
+        form).  Default: zeros (the additive form's start, ``Θ_glob + Θ_k = Θ_k``).
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, initial_global_arrays: Optional[Mapping[str, Any]] = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("client_config", {})
         kwargs["client_config"] = {**kwargs["client_config"], protocol.ALGORITHM: protocol.ALGORITHM_FEDCAM}
         super().__init__(*args, **kwargs)
+        self.initial_global = None if initial_global_arrays is None else {
+            name: np.array(value.numpy() if hasattr(value, "numpy") else value, copy=True)
+            for name, value in initial_global_arrays.items()}
         self.global_model: Optional[dict[str, NDArray]] = None
 
     def start(self, grid: Any, initial_arrays: ArrayRecord | Sequence[ArrayRecord], *args: Any, **kwargs: Any):
@@ -53,17 +63,20 @@ class FedCAM(ClusteredRouting):
 
     def _global(self) -> dict[str, NDArray]:
         if self.global_model is None:
-            self.global_model = {name: np.zeros_like(value) for name, value in self.cluster_models[0].items()}
+            template = self.cluster_models[0]
+            if self.initial_global is None:
+                self.global_model = {name: np.zeros_like(value) for name, value in template.items()}
+            else:
+                start = {name: np.asarray(value) for name, value in self.initial_global.items()}
+                if [(n, v.shape, v.dtype) for n, v in start.items()] != [(n, v.shape, v.dtype)
+                                                                          for n, v in template.items()]:
+                    raise ValueError("FedCAM initial_global_arrays must have the cluster models' names, shapes and "
+                                     f"dtypes {[(n, v.shape, str(v.dtype)) for n, v in template.items()]}")
+                self.global_model = {name: value.copy() for name, value in start.items()}
         return self.global_model
 
-    def _broadcast_models(self, message_type: str) -> list[dict[str, NDArray]]:
-        if message_type != MessageType.EVALUATE:
-            return self.cluster_models
-        global_model = self._global()
-        return [{name: value + global_model[name] for name, value in model.items()} for model in self.cluster_models]
-
     def _extra_records(self, message_type: str) -> dict[str, ArrayRecord]:
-        if message_type != MessageType.TRAIN:
+        if message_type not in (MessageType.TRAIN, MessageType.EVALUATE):
             return {}
         return {protocol.GLOBAL_MODEL: array_record(self._global())}
 
@@ -94,5 +107,7 @@ class FedCAM(ClusteredRouting):
         self.global_model = {name: arrays[f"{protocol.GLOBAL_MODEL}/{name}"] for name in self.cluster_models[0]}
 
     def combined_models(self) -> list[dict[str, NDArray]]:
-        """The combined predictors ``Θ_glob + Θ_k`` (what evaluation uses)."""
-        return self._broadcast_models(MessageType.EVALUATE)
+        """``Θ_glob + Θ_k`` per cluster: the combined predictors' parameters in the additive form
+        (models linear in their parameters); in the output-sum form the predictor is the pair."""
+        global_model = self._global()
+        return [{name: value + global_model[name] for name, value in model.items()} for model in self.cluster_models]

@@ -352,6 +352,24 @@ class CharactersClients:
         ``cluster_models`` is ``(K, P)`` (shared) or ``(n, K, P)`` (client ``i``
         scored on its own set ``cluster_models[i]``).
         """
+        return self._losses(cluster_models, None, split)
+
+    def output_sum_losses(self, global_models: NDArray[np.floating], cluster_models: NDArray[np.floating],
+                          split: str = "train") -> NDArray[np.float64]:
+        """FedCAM's output-sum form: mean cross-entropy of the summed logits ``h(x; Θ_glob) + f(x; Θ_k)``.
+
+        ``global_models`` is ``(P,)`` or ``(n, P)``, ``cluster_models`` ``(K, P)`` or ``(n, K, P)``;
+        returns (n, K), float32 arithmetic (see :class:`fedroute.client.fedcam.OutputSumClients`).
+        """
+        n = len(self.client_ids)
+        clusters = np.asarray(cluster_models, dtype=np.float32)
+        clusters = np.array(np.broadcast_to(clusters, (n,) + clusters.shape[-2:]))    # per client, writable
+        globals_ = np.array(np.broadcast_to(np.asarray(global_models, dtype=np.float32), (n, clusters.shape[-1])))
+        return self._losses(clusters, globals_, split)
+
+    def _losses(self, cluster_models: NDArray[np.floating], global_models: Optional[NDArray[np.floating]],
+                split: str) -> NDArray[np.float64]:
+        """Losses of the models, or (``global_models (n, P)`` given) of each model's logits plus the global's."""
         torch = _torch()
         inputs, labels, weights = self._split_arrays(split)
         models = np.ascontiguousarray(cluster_models, dtype=np.float32)
@@ -361,6 +379,9 @@ class CharactersClients:
         hidden, classes = self.hidden_units, self.num_classes
         num_clusters = models.shape[-2]
         w1, b1, w2, b2 = _split(torch.from_numpy(models), dimension, hidden, classes)
+        if global_models is not None:
+            g1, c1, g2, c2 = _split(torch.from_numpy(np.ascontiguousarray(global_models, dtype=np.float32)),
+                                    dimension, hidden, classes)
         x_all, y_all, s_all = torch.from_numpy(inputs), torch.from_numpy(labels), torch.from_numpy(weights)
         out = torch.empty((n, num_clusters), dtype=torch.float32)
         chunk = self._chunk(samples * (2 * hidden + 2 * classes))
@@ -368,6 +389,9 @@ class CharactersClients:
             for start in range(0, n, chunk):
                 stop = min(n, start + chunk)
                 x, y, s = x_all[start:stop], y_all[start:stop], s_all[start:stop]
+                if global_models is not None:  # h(x; Θ_glob), shared by the K combined predictors
+                    z1 = torch.baddbmm(c1[start:stop, :, None], g1[start:stop], x.transpose(1, 2))
+                    shared = torch.baddbmm(c2[start:stop, :, None], g2[start:stop], torch.relu_(z1))
                 for k in range(num_clusters):
                     if models.ndim == 2:  # shared models: one matrix product for the whole chunk
                         z1 = torch.addmm(b1[k], x.reshape(-1, dimension), w1[k].T)  # (m·S, H)
@@ -377,6 +401,8 @@ class CharactersClients:
                     else:  # client i on its own models; activations kept as (m, features, S)
                         z1 = torch.baddbmm(b1[start:stop, k, :, None], w1[start:stop, k], x.transpose(1, 2))
                         z2 = torch.baddbmm(b2[start:stop, k, :, None], w2[start:stop, k], torch.relu_(z1))
+                        if global_models is not None:
+                            z2 += shared
                         log_p = torch.log_softmax(z2, dim=1)  # (m, C, S)
                         picked = log_p.gather(1, y[:, None, :])[:, 0]
                     out[start:stop, k] = -(picked * s).sum(1)
@@ -386,27 +412,28 @@ class CharactersClients:
         """Gradient of client ``client_index[j]``'s mean training cross-entropy at model row ``j``, (m, P)."""
         torch = _torch()
         flat = torch.from_numpy(np.ascontiguousarray(models, dtype=np.float32))
-        return self._gradient(torch, flat, np.asarray(client_index, dtype=np.int64)).numpy()
+        return self._gradients(torch, [flat], np.asarray(client_index, dtype=np.int64))[0].numpy()
 
-    def _gradient(self, torch: Any, flat: Any, client_index: NDArray[np.int64]) -> Any:
-        """Hand-written backward pass of the mean cross-entropy, batched over rows (float32).
+    def _gradients(self, torch: Any, networks: Sequence[Any], client_index: NDArray[np.int64]) -> list[Any]:
+        """Hand-written backward pass of the mean cross-entropy of the *summed* logits of ``networks``
+        (flat ``(m, P)`` tensors; one network: its own loss), batched over rows (float32).
 
-        Activations are kept as ``(rows, features, samples)``: ``z1 = W1 xᵀ + b1``,
-        ``z2 = W2 relu(z1) + b2``, ``g2 = (softmax(z2) − onehot(y)) · weight``,
-        ``∇W2 = g2 relu(z1)ᵀ``, ``∇b2 = Σ_s g2``, ``g1 = (W2ᵀ g2) ⊙ 1{z1 > 0}``,
+        Activations are kept as ``(rows, features, samples)``: per network ``z1 = W1 xᵀ + b1``,
+        ``z2 = W2 relu(z1) + b2``; ``z = Σ z2``, ``g2 = (softmax(z) − onehot(y)) · weight``; per
+        network ``∇W2 = g2 relu(z1)ᵀ``, ``∇b2 = Σ_s g2``, ``g1 = (W2ᵀ g2) ⊙ 1{z1 > 0}``,
         ``∇W1 = g1 x``, ``∇b1 = Σ_s g1``.
         """
         inputs, labels, weights = self.train_inputs, self.train_labels, self.train_weights
-        m = flat.shape[0]
+        m = networks[0].shape[0]
         samples, dimension = inputs.shape[1:]
         hidden, classes = self.hidden_units, self.num_classes
-        w1, b1, w2, b2 = _split(flat, dimension, hidden, classes)
+        parts = [_split(flat, dimension, hidden, classes) for flat in networks]
         x_all, y_all, s_all = torch.from_numpy(inputs), torch.from_numpy(labels), torch.from_numpy(weights)
         identity = m == len(inputs) and np.array_equal(client_index, np.arange(m))
         index = torch.from_numpy(client_index)
-        grad = torch.empty_like(flat)
-        g_w1, g_b1, g_w2, g_b2 = _split(grad, dimension, hidden, classes)
-        chunk = self._chunk(samples * (3 * hidden + 2 * classes + dimension))
+        grads = [torch.empty_like(flat) for flat in networks]
+        grad_parts = [_split(grad, dimension, hidden, classes) for grad in grads]
+        chunk = self._chunk(samples * (3 * hidden * len(networks) + 2 * classes + dimension))
         with torch.no_grad():
             for start in range(0, m, chunk):
                 stop = min(m, start + chunk)
@@ -415,18 +442,30 @@ class CharactersClients:
                 else:
                     rows = index[start:stop]
                     x, y, s = x_all.index_select(0, rows), y_all.index_select(0, rows), s_all.index_select(0, rows)
-                z1 = torch.baddbmm(b1[start:stop, :, None], w1[start:stop], x.transpose(1, 2))  # (c, H, S)
-                a = torch.relu(z1)
-                z2 = torch.baddbmm(b2[start:stop, :, None], w2[start:stop], a)  # (c, C, S)
+                hidden_outputs, z2 = [], None
+                for w1, b1, w2, b2 in parts:
+                    z1 = torch.baddbmm(b1[start:stop, :, None], w1[start:stop], x.transpose(1, 2))  # (c, H, S)
+                    a = torch.relu(z1)
+                    out = torch.baddbmm(b2[start:stop, :, None], w2[start:stop], a)  # (c, C, S)
+                    z2 = out if z2 is None else z2.add_(out)
+                    hidden_outputs.append(a)
                 g2 = torch.softmax(z2, dim=1)
                 g2.scatter_add_(1, y[:, None, :], torch.full((stop - start, 1, samples), -1.0))
                 g2.mul_(s[:, None, :])
-                g_w2[start:stop] = torch.bmm(g2, a.transpose(1, 2))
-                g_b2[start:stop] = g2.sum(2)
-                g1 = torch.ops.aten.threshold_backward(torch.bmm(w2[start:stop].transpose(1, 2), g2), a, 0.0)
-                g_w1[start:stop] = torch.bmm(g1, x)
-                g_b1[start:stop] = g1.sum(2)
-        return grad
+                for (w1, b1, w2, b2), a, (g_w1, g_b1, g_w2, g_b2) in zip(parts, hidden_outputs, grad_parts):
+                    g_w2[start:stop] = torch.bmm(g2, a.transpose(1, 2))
+                    g_b2[start:stop] = g2.sum(2)
+                    g1 = torch.ops.aten.threshold_backward(torch.bmm(w2[start:stop].transpose(1, 2), g2), a, 0.0)
+                    g_w1[start:stop] = torch.bmm(g1, x)
+                    g_b1[start:stop] = g1.sum(2)
+        return grads
+
+    def _trainable(self, torch: Any, models: NDArray[np.floating], client_index: NDArray[np.int64]) -> Any:
+        flat = torch.from_numpy(np.array(models, dtype=np.float32, copy=True))
+        if flat.ndim != 2 or flat.shape[0] != len(client_index):
+            raise ValueError(f"models must be (m, P) with m = len(client_index) = {len(client_index)}, "
+                             f"got {tuple(flat.shape)}")
+        return flat
 
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
@@ -436,14 +475,27 @@ class CharactersClients:
         float32 throughout; returns a new ``(m, P)`` float32 array.
         """
         torch = _torch()
-        flat = torch.from_numpy(np.array(models, dtype=np.float32, copy=True))
-        if flat.ndim != 2 or flat.shape[0] != len(client_index):
-            raise ValueError(f"models must be (m, P) with m = len(client_index) = {len(client_index)}, "
-                             f"got {tuple(flat.shape)}")
+        flat = self._trainable(torch, models, client_index)
         client_index = np.asarray(client_index, dtype=np.int64)
         for _ in range(self.local_steps):
-            flat.sub_(self._gradient(torch, flat, client_index), alpha=self.learning_rate)
+            flat.sub_(self._gradients(torch, [flat], client_index)[0], alpha=self.learning_rate)
         return flat.numpy()
+
+    def output_sum_update(
+        self, global_models: NDArray[np.floating], cluster_models: NDArray[np.floating],
+        client_index: NDArray[np.int64], round_index: int,
+    ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        """FedCAM's output-sum form: ``E`` joint SGD steps on ``(Θ_glob, Θ_k)`` of the loss of the summed
+        logits, each part with learning rate ``η_loc / 2`` (:class:`fedroute.client.fedcam.OutputSumClients`)."""
+        torch = _torch()
+        client_index = np.asarray(client_index, dtype=np.int64)
+        glob = self._trainable(torch, global_models, client_index)
+        cluster = self._trainable(torch, cluster_models, client_index)
+        for _ in range(self.local_steps):
+            grad_global, grad_cluster = self._gradients(torch, [glob, cluster], client_index)
+            glob.sub_(grad_global, alpha=0.5 * self.learning_rate)
+            cluster.sub_(grad_cluster, alpha=0.5 * self.learning_rate)
+        return glob.numpy(), cluster.numpy()
 
 
 def client_batch(
@@ -657,6 +709,17 @@ class TransformedCharactersTask:
         """``{"xi": ξ, "w_mix": w_mix, "w_trans": w_trans}`` (float32, read-only, cached per data settings)."""
         prepared = _prepared(self._data_key())
         return {"xi": prepared.base, "w_mix": prepared.mixed, "w_trans": prepared.transformed}
+
+    def initial_global_model(self) -> NDArray[np.float32]:
+        """FedCAM's ``Θ_glob^0`` (output-sum form): ``ξ``'s hidden layer with a zero output layer.
+
+        Its output ``h(x; Θ_glob^0)`` is 0 for every input, so the combined predictors start at
+        ``W^0`` exactly; the hidden layer is not zero, so the global part receives gradients
+        (with an all-zero network every gradient but the output bias's would vanish for ever).
+        """
+        start = _prepared(self._data_key()).base.copy()
+        start[_offsets(self.input_size, self.hidden_units, self.classes)[1]:] = 0.0
+        return start
 
     def initial_models(self, num_clusters: int = 2) -> NDArray[np.float32]:
         """``W^0``: ``w_0^0 = w_mix``, ``w_1^0 = (1−α) ξ + α w_trans`` (float32, shape (2, P))."""

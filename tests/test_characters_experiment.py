@@ -83,7 +83,7 @@ def test_cli_writes_every_file_with_the_right_columns(quick_out):
     assert any("42" in claim["paper"] for claim in claims)
     config = json.loads((quick_out / "config.json").read_text())
     assert config["rounds"] == QUICK.rounds and config["alphas"] == list(QUICK.alphas)
-    assert "parameter" in config["derived"]["fedcam"] and "NOT" in config["derived"]["fedcam"]
+    assert "output-sum" in config["derived"]["fedcam"] and "h(x; Theta_glob) + f(x; Theta_k)" in config["derived"]["fedcam"]
     assert config["derived"]["routing"]["sync-entry"]["hysteresis_max_rounds"] == 800
     assert config["derived"]["total_runs"] == 8
     # the representative run, re-simulated alone, ends where the sweep's run of that cell ended

@@ -26,14 +26,12 @@ autonomous EXP3 ``H_max = 160``.  The entry threshold is the calibrated
 cosine that is positive for every client on these starts, and was calibrated
 once on data seeds 10–12, never the evaluation seeds.
 
-FedCAM (**deviation, stated in ``config.json`` and the claims**):
-:func:`~fedroute.simulation.fedcam.simulate_fedcam_batch` represents the
-combined predictor by the *sum of parameters* ``Θ_glob + Θ_k``.  For the linear
-and logistic tasks that equals the CAM predictor ``h(x; Θ_glob) + f(x; Θ_k)``;
-for the MLP it does not (a network with summed weights is not the sum of two
-networks' outputs).  We run this parameter-sum approximation unchanged:
-``Θ_glob`` starts at zero, so ``W^0`` is the same for every method, and the
-combined models are what is evaluated.
+FedCAM is CAM's output-sum predictor ``h(x; Θ_glob) + f(x; Θ_k)``: two MLPs whose
+logits are added (:mod:`fedroute.client.fedcam`, the task's ``output_sum_*`` kernels);
+``Θ_glob`` starts at zero output (``ξ``'s hidden layer, zero output layer), so ``W^0``
+is the same predictor for every method.  Its sweep records the pairs
+``[Θ_glob | Θ_k]`` and scores them through
+:class:`~fedroute.simulation.fedcam.FedCAMTask` (the combined predictor).
 
 Per run (``runs.*``, :data:`RUNS_COLUMNS`), controller-free at ``W^T``: each
 client picks ``argmin_k`` of its training (``k_train``) / held-out (``k_test``)
@@ -88,7 +86,7 @@ from numpy.typing import NDArray
 
 from fedroute.simulation.cli import REPRODUCE_COMMANDS
 from fedroute.simulation.experiments.linear import _json_default, _number, _write_table
-from fedroute.simulation.fedcam import simulate_fedcam_batch
+from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.metrics import (
     assignment_accuracy,
     femnist_recovery_levels,
@@ -178,9 +176,7 @@ class CharactersExperimentConfig:
     methods : tuple of str
         Subset of :data:`METHODS`.
     chunk_sizes : tuple of (method, runs) pairs
-        Runs simulated together per method (does not change results).  FedCAM
-        records every state (:func:`simulate_fedcam_batch` has no ``model_rounds``);
-        measured peak growth at ``T = 800``: +0.3 GB for 3 runs, +1.3 GB for 6.
+        Runs simulated together per method (does not change results).
     """
 
     alphas: tuple[float, ...] = ALPHAS
@@ -206,7 +202,7 @@ class CharactersExperimentConfig:
     sync_entry_max_rounds: int = 800
     exp3_max_rounds: int = 160
     methods: tuple[str, ...] = METHODS
-    chunk_sizes: tuple[tuple[str, int], ...] = (("greedy", 18), ("fedcam", 3), ("exp3", 27), ("sync-entry", 27))
+    chunk_sizes: tuple[tuple[str, int], ...] = (("greedy", 18), ("fedcam", 18), ("exp3", 27), ("sync-entry", 27))
     name: str = "E4-characters"
     version: str = "1"
 
@@ -319,17 +315,17 @@ class CharactersExperimentConfig:
                 "recovery_levels": f"training K_tr(W^T)=2; joint K_tr=K_te=2; sustained joint at every "
                                    f"W^{self.rounds - self.sustained_window + 1}..W^{self.rounds}; exact joint and "
                                    "accuracy 1 on both splits",
-                "fedcam": FEDCAM_DEVIATION,
+                "fedcam": FEDCAM_FORM,
             },
         }
 
 
-FEDCAM_DEVIATION = (
-    "FedCAM is run with the parameter-sum approximation of simulate_fedcam_batch: the combined predictor is the "
-    "MLP whose parameters are Theta_glob + Theta_k (each client's local step on the combined parameters, "
-    "displacement split equally between the parts). For the MLP this is NOT the CAM predictor "
-    "h(x; Theta_glob) + f(x; Theta_k) (a sum of two networks' outputs); Theta_glob starts at zero, so W^0 "
-    "is the same as the other methods'. A deviation from ALGORITHM.md section 7 / the CAM paper."
+FEDCAM_FORM = (
+    "FedCAM with CAM's output-sum predictor h(x; Theta_glob) + f(x; Theta_k): the logits of a global MLP and of "
+    "the client's cluster MLP are added; Greedy assignment on the combined predictor; each client takes one joint "
+    "SGD step on both parts (learning rate 0.003 / 2 per part: for a predictor linear in its parameters this is the "
+    "additive form's step); Theta_glob averaged over all clients, Theta_k over its cluster; Theta_glob starts at "
+    "zero output (xi's hidden layer, zero output layer), so W^0 is the other methods' start."
 )
 
 
@@ -423,27 +419,32 @@ def reduce_characters(history: BatchHistory, tasks: Sequence[CharactersTask], ce
     return pd.DataFrame(rows)
 
 
-def _simulate_fedcam(tasks, settings, num_rounds, seeds, model_rounds=None, on_round=None) -> BatchHistory:
-    """FedCAM through :func:`simulate_fedcam_batch` (it records every state; ``model_rounds`` is applied after)."""
-    history = simulate_fedcam_batch(tasks, settings, num_rounds, seeds, on_round=on_round)
-    if model_rounds is None:
-        return history
-    return replace(history, cluster_models=history.cluster_models[sorted(set(model_rounds))].copy())
+def make_fedcam_task(cell: dict[str, Any], **task_settings: Any) -> FedCAMTask:
+    """FedCAM's view of a cell's task: models are the pairs ``[Θ_glob | Θ_k]`` (:class:`FedCAMTask`)."""
+    return FedCAMTask(make_characters_task(cell, **task_settings))
+
+
+def _simulate_fedcam(tasks: Sequence[Any], settings, num_rounds, seeds, model_rounds=None,
+                     on_round=None) -> BatchHistory:
+    """:func:`simulate_fedcam_batch` on the cells' tasks (given as such or as :class:`FedCAMTask`; it records
+    the pairs of the output-sum form)."""
+    return simulate_fedcam_batch([task.task if isinstance(task, FedCAMTask) else task for task in tasks],
+                                 settings, num_rounds, seeds, model_rounds=model_rounds, on_round=on_round)
 
 
 def method_spec(method: str, config: CharactersExperimentConfig, model_rounds: Optional[Sequence[int]] = None,
                 ) -> SweepSpec:
     """A method of E4 as a sweep spec (FedCAM with its own simulator); ``model_rounds`` defaults to the kept states."""
     kept = config.kept_rounds() if model_rounds is None else list(model_rounds)
-    simulate = _simulate_fedcam if method == "fedcam" else simulate_batch
+    fedcam = method == "fedcam"
     return SweepSpec(
         method=method,
         settings=config.routing(method),
         num_rounds=config.rounds,
-        make_task=partial(make_characters_task, **config.task_settings()),
+        make_task=partial(make_fedcam_task if fedcam else make_characters_task, **config.task_settings()),
         reduce=partial(reduce_characters, num_rounds=config.rounds, window=config.sustained_window),
         seed_key="seed",
-        simulate=partial(simulate, model_rounds=kept),
+        simulate=partial(_simulate_fedcam if fedcam else simulate_batch, model_rounds=kept),
     )
 
 
@@ -479,12 +480,12 @@ def _representative_rounds(config: CharactersExperimentConfig, runs: pd.DataFram
                            ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Re-simulate the representative run alone per method with every state kept; per-round series."""
     alpha, data_seed, selector_seed = config.representative
-    task = make_characters_task({"alpha": alpha, "data_seed": data_seed}, **config.task_settings())
-    clients = task.clients(np.arange(task.num_clients))
-    groups = clients.groups
     frames, matches = [], {}
     for method in config.methods:
         spec = method_spec(method, config, model_rounds=range(config.rounds + 1))
+        task = spec.make_task({"alpha": alpha, "data_seed": data_seed})
+        clients = task.clients(np.arange(task.num_clients))
+        groups = clients.groups
         seed = 0 if method in BASELINES else selector_seed
         history = spec.simulate([task], spec.settings, config.rounds, [seed])
         states = history.cluster_models[:, 0]                         # (T+1, K, P)
@@ -584,9 +585,9 @@ def horizon_check(config: Optional[CharactersExperimentConfig] = None, methods: 
     frames = []
     for method in methods:
         cells = [{"alpha": a, "data_seed": data_seed} for a in alphas]
-        tasks = [make_characters_task(cell, **config.task_settings()) for cell in cells]
         seed = 0 if method in BASELINES else selector_seed
         spec = method_spec(method, replace(config, rounds=rounds, sustained_window=1), model_rounds=kept)
+        tasks = [spec.make_task(cell) for cell in cells]
         history = spec.simulate(tasks, spec.settings, rounds, [seed] * len(tasks))
         for r, (alpha, task) in enumerate(zip(alphas, tasks)):
             clients = task.clients(np.arange(task.num_clients))
@@ -662,7 +663,7 @@ def characters_claims(results: CharactersResults, config: CharactersExperimentCo
             "k_test_2_already_at_W0": int(((part["k_test"] == 2) & (part["round0_k_test"] == 2)).sum()),
         }
         if method == "fedcam":
-            measured["deviation"] = FEDCAM_DEVIATION
+            measured["form"] = FEDCAM_FORM
         claims.append({"claim": claim, "paper": paper, "measured": measured,
                        "holds": bool((part["k_test"] == 1).all())})
 
@@ -785,7 +786,7 @@ def characters_claims(results: CharactersResults, config: CharactersExperimentCo
 # --------------------------------------------------------------------------- #
 # Figures and files
 # --------------------------------------------------------------------------- #
-_LABELS = {"greedy": "Greedy IFCA", "fedcam": "FedCAM (parameter sum)", "exp3": "autonomous EXP3 {gr, hys}",
+_LABELS = {"greedy": "Greedy IFCA", "fedcam": "FedCAM", "exp3": "autonomous EXP3 {gr, hys}",
            "sync-entry": "synchronized entry"}
 _COLOURS = {"greedy": "tab:red", "fedcam": "tab:green", "exp3": "tab:blue", "sync-entry": "tab:purple"}
 _OFFSETS = {"greedy": -0.045, "fedcam": -0.015, "exp3": 0.015, "sync-entry": 0.045}
