@@ -15,9 +15,23 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["main", "REPRODUCE_COMMANDS"]
+__all__ = ["main", "REPRODUCE_COMMANDS", "REPRODUCE_CONFIGS", "named_config", "reproduce_dir"]
 
 REPRODUCE_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+REPRODUCE_CONFIGS: dict[str, dict[str, str]] = {}
+"""Experiment → its named configurations besides ``paper`` (name → one-line description), for ``--config``."""
+PAPER_CONFIG = "paper"
+
+
+def named_config(args: argparse.Namespace) -> str:
+    """The ``--config`` name of a ``reproduce`` command (``paper`` when not given)."""
+    return getattr(args, "config", None) or PAPER_CONFIG
+
+
+def reproduce_dir(args: argparse.Namespace, experiment: str) -> Path:
+    """``OUT/<experiment>`` for the paper's configuration, ``OUT/<experiment>-<name>`` for a named one."""
+    name = named_config(args)
+    return Path(args.out) / (experiment if name == PAPER_CONFIG else f"{experiment}-{name}")
 """Experiment name → function(args) returning an exit code; experiments register here."""
 
 
@@ -113,6 +127,11 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    allowed = [PAPER_CONFIG, *REPRODUCE_CONFIGS.get(args.experiment, {})]
+    if named_config(args) not in allowed:
+        print(f"fedroute reproduce {args.experiment}: --config {named_config(args)!r} is invalid; allowed: "
+              f"{', '.join(allowed)}", file=sys.stderr)
+        return 2
     return REPRODUCE_COMMANDS[args.experiment](args)
 
 
@@ -178,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("experiment", choices=sorted(REPRODUCE_COMMANDS) or ["none"])
     reproduce.add_argument("--out", default="results/reproduce", help="output directory")
     reproduce.add_argument("--quick", action="store_true", help="a small version (for tests)")
+    named = "; ".join(f"{experiment}: " + ", ".join(f"{name} ({text})" for name, text in configs.items())
+                      for experiment, configs in sorted(REPRODUCE_CONFIGS.items()))
+    reproduce.add_argument("--config", default=PAPER_CONFIG, metavar="NAME",
+                           help=f"a named configuration (default {PAPER_CONFIG}: the paper's; written to "
+                                f"OUT/<experiment>-<name>)" + (f"; {named}" if named else ""))
     reproduce.add_argument("--workers", type=int, default=1, help="parallel workers (results do not depend on it)")
     reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
     reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "

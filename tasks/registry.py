@@ -55,6 +55,7 @@ _GMM_KEYS: _KeyTable = {
     "learning-rate": ("learning_rate", float),
     "init-radius": ("init_radius", float),
     "init-jitter": ("init_jitter", float),
+    "entrance": ("entrance", str),
     "seed": ("seed", int),
 }
 

@@ -84,7 +84,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.simulation.cli import REPRODUCE_COMMANDS
+from fedroute.simulation.cli import REPRODUCE_COMMANDS, REPRODUCE_CONFIGS, named_config, reproduce_dir
 from fedroute.simulation.experiments.linear import _json_default, _number, _write_table
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.metrics import (
@@ -116,6 +116,8 @@ __all__ = [
     "run_characters_command",
 ]
 
+LONG_HORIZON_FACTOR = 3
+"""``--config long``: ``T`` (and the hysteresis caps) times this factor."""
 METHODS = ("greedy", "fedcam", "exp3", "sync-entry")
 """The four methods of E4; ``greedy`` and ``fedcam`` have no selector seed."""
 BASELINES = ("greedy", "fedcam")
@@ -255,6 +257,25 @@ class CharactersExperimentConfig:
                                         representative=(0.70, 0, 0), name="E4-characters-quick")
         settings.update(overrides)
         return cls(**settings)
+
+    @classmethod
+    def long(cls, quick: bool = False, **overrides: Any) -> "CharactersExperimentConfig":
+        """``--config long``: the same grid at ``T = 2400`` (``LONG_HORIZON_FACTOR`` × the paper's 800).
+
+        Both hysteresis caps scale with the horizon (× 3), keeping the paper's ratios to ``T``:
+        synchronized entry ``H_max = T`` (the round-0 entry episode can only end by the
+        competitiveness exit within the observed horizon, as at ``T = H_max = 800``) and
+        autonomous EXP3 ``H_max = T/5 = 480`` (the paper's 160 of 800).  Every other setting,
+        the sustained window (20 states) and the representative run are the paper's.  With
+        ``quick``: the ``--quick`` grid with its horizon and caps × 3.
+        """
+        base = cls.quick() if quick else cls()
+        factor = LONG_HORIZON_FACTOR
+        settings: dict[str, Any] = dict(rounds=factor * base.rounds,
+                                        sync_entry_max_rounds=factor * base.sync_entry_max_rounds,
+                                        exp3_max_rounds=factor * base.exp3_max_rounds, name=f"{base.name}-long")
+        settings.update(overrides)
+        return replace(base, **settings)
 
     # -- grid ------------------------------------------------------------------------------
     def cells(self, method: str) -> list[dict[str, Any]]:
@@ -878,10 +899,13 @@ def _print_tables(results: CharactersResults) -> None:
 
 
 def run_characters_command(args: argparse.Namespace) -> int:
-    """``fedroute reproduce characters [--quick] [--out OUT] [--workers N] [--ray-address A]``."""
-    config = (CharactersExperimentConfig.quick() if getattr(args, "quick", False)
-              else CharactersExperimentConfig())
-    out_dir = Path(args.out) / "characters"
+    """``fedroute reproduce characters [--config paper|long] [--quick] [--out OUT] [--workers N] [--ray-address A]``."""
+    quick = bool(getattr(args, "quick", False))
+    if named_config(args) == "long":
+        config = CharactersExperimentConfig.long(quick)
+    else:
+        config = CharactersExperimentConfig.quick() if quick else CharactersExperimentConfig()
+    out_dir = reproduce_dir(args, "characters")
     start = time.perf_counter()
     results = run_characters(config, workers=getattr(args, "workers", 1) or 1,
                              ray_address=getattr(args, "ray_address", None), progress=True)
@@ -897,3 +921,4 @@ def run_characters_command(args: argparse.Namespace) -> int:
 
 
 REPRODUCE_COMMANDS["characters"] = run_characters_command
+REPRODUCE_CONFIGS["characters"] = {"long": "T = 2400, H_max 2400 / 480 (the grid of the paper's T = 800)"}

@@ -25,11 +25,17 @@ controller-free), ``mean_assignment_accuracy`` (``A_T``) and
 Greedy collapse cells (Greedy ``K_T^eval < 3``) with every method's ``K_T^eval``,
 ``A_T`` and losses side by side.
 
-Round zero: the task's author measured that the start is only *partly*
-collapsed — the jitter alone decides the round-zero routes and all three models
-get clients in most starts.  We do not change the task to force collapse; the runs
-table records ``K^0`` and ``A^0`` per run, ``config.json`` (``round_zero``) per R, and
-``notes`` discusses what that means for the claims.
+Round zero (``entrance``): the paper studies recovery *from* a collapsed entrance
+(several groups on one cluster, another unused).  The task's start as it falls
+(``entrance = "any"``, the first version of E5) is only partly collapsed — the jitter
+alone decides the round-zero routes and all three models get clients in 97 of 100
+starts.  By default E5 therefore conditions every start on ``K^0 < 3``
+(``entrance = "collapsed"``: the first of the task's init draws, same geometry, whose
+controller-free greedy choices at ``W^0`` leave a model unused;
+:meth:`~fedroute.tasks.gmm.GMMTask.initial_draw`).  The draws each cell took are in
+``config.json`` (``init_draws``); the runs table records ``K^0`` and ``A^0`` per run,
+``config.json`` (``round_zero``) per R, and ``notes`` says what the entrance means for
+the claims.  ``GMMExperimentConfig(entrance="any")`` runs the first version.
 
 Outputs of ``fedroute reproduce gmm --out OUT`` in ``OUT/gmm/``: ``runs``,
 ``summary``, ``collapse_cells`` (``.parquet`` and ``.csv``),
@@ -52,7 +58,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.simulation.cli import REPRODUCE_COMMANDS
+from fedroute.simulation.cli import REPRODUCE_COMMANDS, REPRODUCE_CONFIGS, named_config, reproduce_dir
 from fedroute.simulation.experiments.common import (
     METHOD_NAMES,
     RUNS_COLUMNS,
@@ -75,7 +81,7 @@ from fedroute.simulation.experiments.common import (
 from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.sweep import SweepSpec, run_sweep
 from fedroute.strategies.methods import TASK_CONTROLLERS, method_settings
-from fedroute.tasks.gmm import ORACLE_STEP_CAP, GMMTask, group_oracle_fit
+from fedroute.tasks.gmm import ORACLE_NEUTRAL, ORACLE_STEP_CAP, GMMTask, group_oracle_fit
 
 __all__ = [
     "GMMExperimentConfig",
@@ -117,6 +123,8 @@ class GMMExperimentConfig:
     num_clients, samples_per_client, test_samples_per_client, noise_std, centre_norm, teacher_scale,
     label_temperature, local_steps, learning_rate, init_jitter :
         The :class:`GMMTask` settings (its defaults).
+    entrance : {"collapsed", "any"}
+        The round-zero entrance (module docstring); ``max_init_draws`` caps the draws per cell.
     block_length, exp3_learning_rate, exp3_exploration :
         ``B``, ``η_EXP3``, ``γ``.
     methods : tuple of str
@@ -140,6 +148,8 @@ class GMMExperimentConfig:
     local_steps: int = GMMTask.local_steps
     learning_rate: float = GMMTask.learning_rate
     init_jitter: float = GMMTask.init_jitter
+    entrance: str = "collapsed"
+    max_init_draws: int = GMMTask.max_init_draws
     block_length: int = 10
     exp3_learning_rate: float = 2.0
     exp3_exploration: float = 0.001
@@ -147,7 +157,7 @@ class GMMExperimentConfig:
     chunk_size: int = 20
     far_radius: float = 12.0
     name: str = "E5-gmm"
-    version: str = "1"
+    version: str = "2"
 
     def __post_init__(self) -> None:
         check_radius_sweep(self, "gmm", METHOD_SPECS, lambda config: [
@@ -178,7 +188,8 @@ class GMMExperimentConfig:
                     test_samples_per_client=self.test_samples_per_client, noise_std=self.noise_std,
                     centre_norm=self.centre_norm, teacher_scale=self.teacher_scale,
                     label_temperature=self.label_temperature, local_steps=self.local_steps,
-                    learning_rate=self.learning_rate, init_jitter=self.init_jitter, rounds=self.rounds)
+                    learning_rate=self.learning_rate, init_jitter=self.init_jitter, entrance=self.entrance,
+                    max_init_draws=self.max_init_draws, rounds=self.rounds)
 
     def routing_overrides(self) -> dict[str, Any]:
         """Routing settings we fix for every method (``method_settings`` overrides)."""
@@ -198,6 +209,7 @@ class GMMExperimentConfig:
                              "routing draws depend on the seed only)",
                 "initialisation": "GMMTask(init_radius=R, seed=seed): w_k^0 = u_bar(R) + init_jitter e_k, "
                                   "u_g(R) = beta*_g + R d_g",
+                "entrance": ENTRANCE_TEXT[self.entrance],
                 "controllers": {"exp3": list(TASK_CONTROLLERS["gmm"])},
                 "routing": {m: METHOD_SPECS[m](self).settings.to_dict() for m in self.methods},
                 "K_eval": "distinct argmin_k of held-out losses at W^T over the 30 clients (controller-free)",
@@ -239,7 +251,7 @@ class SweepGMMTask(GMMTask):
     def oracle_fit(self) -> tuple[NDArray[np.float64], bool]:
         """:func:`sweep_oracles` of this data configuration: ``(β*, whether the larger cap was needed)``."""
         values = {f.name: getattr(self, f.name) for f in fields(GMMTask)}
-        values.update(local_steps=1, learning_rate=1.0, init_radius=0.0, init_jitter=0.0, rounds=1)
+        values.update(ORACLE_NEUTRAL)
         return sweep_oracles(GMMTask(**values))
 
     @property
@@ -279,6 +291,27 @@ METHOD_SPECS: dict[str, Callable[[GMMExperimentConfig], SweepSpec]] = {
 # --------------------------------------------------------------------------- #
 # Running
 # --------------------------------------------------------------------------- #
+ENTRANCE_TEXT = {
+    "collapsed": "collapsed entrance in every run: the first init draw j = 0, 1, ... (jitter e_k from "
+                 "generator(seed, 0, j, INIT); draw 0 = the 'any' start) whose controller-free greedy choices on "
+                 "the clients' training losses at W^0 leave a model unused (K^0 < 3); draws per cell in init_draws",
+    "any": "the task's start as it falls (init draw 0; the first version of E5): K^0 = 3 in most starts",
+}
+
+
+def init_draws(config: GMMExperimentConfig) -> dict[str, Any]:
+    """The init draws each cell's start took (:meth:`GMMTask.initial_draw`), per R and overall."""
+    draws = {f"{r:g}": [] for r in config.radii}
+    for cell in config.cells():
+        task = make_gmm_task(cell, **config.task_settings())
+        draws[f"{cell['radius']:g}"].append(task.initial_draw(config.num_clusters)[1])
+    every = np.concatenate([np.asarray(v) for v in draws.values()])
+    return {"entrance": config.entrance, "by_R": draws,
+            "summary_by_R": {r: {"min": int(np.min(v)), "median": float(np.median(v)), "max": int(np.max(v))}
+                             for r, v in draws.items()},
+            "total": int(every.sum()), "mean": number(every.mean()), "max": int(every.max())}
+
+
 @dataclass(frozen=True)
 class GMMResults:
     """Everything :func:`run_gmm` computed."""
@@ -288,6 +321,7 @@ class GMMResults:
     collapse_cells: pd.DataFrame
     round_zero: dict[str, Any]
     convergence: dict[str, Any]
+    init_draws: dict[str, Any]
 
 
 def convergence_check(config: GMMExperimentConfig) -> dict[str, Any]:
@@ -327,6 +361,7 @@ def run_gmm(config: Optional[GMMExperimentConfig] = None, workers: int = 1, ray_
         collapse_cells=collapse_cells(runs, config.methods),
         round_zero=round_zero_by_radius(runs, config.num_groups, config.num_clusters),
         convergence=convergence_check(config),
+        init_draws=init_draws(config),
     )
 
 
@@ -341,20 +376,32 @@ def _notes(results: GMMResults, config: GMMExperimentConfig) -> str:
     collapsed = int(greedy["collapsed"].sum())
     long_fits = results.convergence.get("oracle_long_fit_seeds", [])
     from_full = int((greedy["collapsed"] & (greedy["round0_clusters_used"] == config.num_clusters)).sum())
-    return (
-        f"Round-zero entrance (task unchanged): in {all_used} of {starts} starts all {config.num_clusters} models "
-        f"receive clients at round 0 (controller-free greedy on training losses at W^0), and in {shared} of "
-        f"{starts} two groups share a majority cluster. The paper's collapsed entrance (several groups on one "
-        f"cluster, another unused) is therefore only partly present: the jitter (0.1) alone decides the "
-        f"round-zero routes, all models being near u_bar(R). Greedy ends with K_eval < 3 in {collapsed} of "
-        f"{starts} runs ({from_full} of them from a start that used all three models: collapse that develops "
-        f"during training rather than at the entrance). Claims on 'Greedy collapse cells' are therefore over "
-        f"few cells and should be read with that sample size; we did not change the task's settings "
-        f"(init_jitter, init_radius geometry) to force collapse."
-        + (f" Oracle fit: for seed(s) {long_fits} the task's gradient descent needs more than its 100,000-step "
-           f"cap (ill-conditioned, not separable); the experiment runs the same fit with a larger cap instead "
-           f"of dropping the seed." if long_fits else "")
-    )
+    if config.entrance == "collapsed":
+        draws = results.init_draws
+        entrance = (
+            f"Round-zero entrance (collapsed by construction): every start is the first init draw whose "
+            f"controller-free greedy choices at W^0 leave a model unused (K^0 < {config.num_clusters}); it took "
+            f"{draws['total']} draws for {starts} starts (mean {draws['mean']}, at most {draws['max']} per cell; "
+            f"per R in config.json init_draws). In {shared} of {starts} starts two groups share a majority cluster. "
+            f"Greedy ends with K_eval < 3 in {collapsed} of {starts} runs: the Greedy collapse cells are those "
+            f"runs (a start that is collapsed can still be escaped when a group's clients split)."
+        )
+    else:
+        entrance = (
+            f"Round-zero entrance (the task's start as it falls, entrance = 'any'): in {all_used} of {starts} starts "
+            f"all {config.num_clusters} models receive clients at round 0 (controller-free greedy on training "
+            f"losses at W^0), and in {shared} of {starts} two groups share a majority cluster. The paper's collapsed "
+            f"entrance (several groups on one cluster, another unused) is therefore only partly present: the jitter "
+            f"({config.init_jitter:g}) alone decides the round-zero routes, all models being near u_bar(R). Greedy "
+            f"ends with K_eval < 3 in {collapsed} of {starts} runs ({from_full} of them from a start that used all "
+            f"three models: collapse that develops during training rather than at the entrance). Claims on 'Greedy "
+            f"collapse cells' are therefore over few cells; entrance = 'collapsed' (the default) conditions every "
+            f"start on K^0 < 3."
+        )
+    return entrance + (
+        f" Oracle fit: for seed(s) {long_fits} the task's gradient descent needs more than its 100,000-step "
+        f"cap (ill-conditioned, not separable); the experiment runs the same fit with a larger cap instead "
+        f"of dropping the seed." if long_fits else "")
 
 
 def gmm_claims(results: GMMResults, config: GMMExperimentConfig) -> list[dict[str, Any]]:
@@ -469,16 +516,18 @@ def gmm_claims(results: GMMResults, config: GMMExperimentConfig) -> list[dict[st
     })
 
     greedy = runs[runs["method"] == "greedy"]
-    entrance = greedy["round0_clusters_used"] < config.num_clusters
+    entrance = (greedy["round0_clusters_used"] < config.num_clusters) & (greedy["round0_majority_clusters"] < G)
     claims.append({
         "claim": f"Every start is a collapsed entrance: at W^0 the controller-free greedy choices (training losses) "
-                 f"leave at least one of the {config.num_clusters} models unused (K^0 < {config.num_clusters})",
+                 f"leave at least one of the {config.num_clusters} models unused (K^0 < {config.num_clusters}) and "
+                 f"two groups share a plurality cluster",
         "paper": "A collapsed entrance sends several groups to the same cluster and leaves another unused (Section 4; "
                  "the GMM starts are meant to be collapsed).",
         "measured": {
             "starts": int(len(greedy)), "collapsed_entrances": int(entrance.sum()),
             "shared_majority_starts": int((greedy["round0_majority_clusters"] < G).sum()),
             "by_R": results.round_zero,
+            "init_draws": {key: results.init_draws[key] for key in ("entrance", "summary_by_R", "total", "max")},
             "notes": notes,
         },
         "holds": bool(entrance.all()),
@@ -511,6 +560,7 @@ def write_gmm(results: GMMResults, config: GMMExperimentConfig, out_dir: str | P
     settings = config.to_json()
     settings["round_zero"] = results.round_zero
     settings["convergence_check"] = results.convergence
+    settings["init_draws"] = results.init_draws
     settings["notes"] = _notes(results, config)
     if elapsed_seconds is not None:
         settings["sweep_seconds"] = round(elapsed_seconds, 2)
@@ -530,9 +580,11 @@ def write_gmm(results: GMMResults, config: GMMExperimentConfig, out_dir: str | P
 
 
 def run_gmm_command(args: argparse.Namespace) -> int:
-    """``fedroute reproduce gmm [--quick] [--out OUT] [--workers N] [--ray-address A]``."""
+    """``fedroute reproduce gmm [--config paper|any-entrance] [--quick] [--out OUT] [--workers N] [--ray-address A]``."""
     config = GMMExperimentConfig.quick() if getattr(args, "quick", False) else GMMExperimentConfig()
-    out_dir = Path(args.out) / "gmm"
+    if named_config(args) == "any-entrance":
+        config = replace(config, entrance="any", name=f"{config.name}-any-entrance")
+    out_dir = reproduce_dir(args, "gmm")
     start = time.perf_counter()
     results = run_gmm(config, workers=getattr(args, "workers", 1) or 1,
                       ray_address=getattr(args, "ray_address", None), progress=True)
@@ -552,3 +604,4 @@ def run_gmm_command(args: argparse.Namespace) -> int:
 
 
 REPRODUCE_COMMANDS["gmm"] = run_gmm_command
+REPRODUCE_CONFIGS["gmm"] = {"any-entrance": "the task's starts as they fall, K^0 = 3 in most (the first E5)"}
