@@ -45,7 +45,7 @@ Ours (the dataclass defaults of :class:`GMMTask`)
   ``R ∈ {0, 4, 8, 12}``, two groups usually share a majority cluster and a
   group's clients often split, but ``K^0_eval = 3`` in 18 of the 20 starts.
 * Entrance (``entrance``): ``"any"`` takes that start as it falls.  ``"collapsed"``
-  conditions it on a *collapsed entrance* (paper §4: several groups on one cluster,
+  (the default, since E5 studies recovery from it) conditions it on a *collapsed entrance* (paper §4: several groups on one cluster,
   another unused): init draw ``j = 0, 1, …`` is the same construction with the jitter
   drawn from ``generator(seed, 0, j, Purpose.INIT)`` (draw 0 is the ``"any"`` start), and
   the first draw whose controller-free greedy choices on the clients' training losses at
@@ -399,8 +399,9 @@ class GMMTask:
         ``R`` (≥ 0).
     init_jitter : float
         Norm of each initial model's offset from ``ū(R)`` (≥ 0).
-    entrance : {"any", "collapsed"}
-        ``"collapsed"``: the first init draw with ``K^0 < K`` (module docstring).
+    entrance : {"collapsed", "any"}
+        ``"collapsed"`` (default): the first init draw with ``K^0 < K``; ``"any"``: draw 0
+        (module docstring).
     max_init_draws : int
         Draws ``"collapsed"`` may take before it raises (≥ 1).
     rounds : int
@@ -423,7 +424,7 @@ class GMMTask:
     learning_rate: float = 0.5
     init_radius: float = 12.0
     init_jitter: float = 0.1
-    entrance: str = "any"
+    entrance: str = "collapsed"
     max_init_draws: int = 1000
     rounds: int = 200
     seed: int = 0

@@ -181,3 +181,34 @@ def test_horizon_check_continues_the_runs_with_the_same_settings():
     assert np.isnan(table["to_cluster1_transformed"].iloc[-1])
     assert table["to_cluster1_transformed"].iloc[0] > 0  # transformed clients entered at round 0 (α = 0.70)
     assert (table["loss_transformed_w1"].diff().dropna() < 0).all()  # the specialist is being trained
+
+
+def test_long_horizon_is_a_named_configuration(tmp_path, monkeypatch):
+    """``reproduce characters --config long``: the paper's grid at T = 2400 with both H_max scaled by 3,
+    written beside the T = 800 outputs (characters-long/)."""
+    import fedroute.simulation.experiments.characters as experiment
+
+    full, long = CharactersExperimentConfig(), CharactersExperimentConfig.long()
+    assert (long.rounds, long.sync_entry_max_rounds, long.exp3_max_rounds) == (2400, 2400, 480)
+    assert (full.rounds, full.sync_entry_max_rounds, full.exp3_max_rounds) == (800, 800, 160)
+    for key in ("alphas", "data_seeds", "selector_seeds", "methods", "sustained_window", "representative",
+                "entry_threshold", "learning_rate", "hysteresis_min_rounds", "hysteresis_exit_gap"):
+        assert getattr(long, key) == getattr(full, key), key
+    assert long.routing("sync-entry").hysteresis_max_rounds == 2400
+    assert long.routing("exp3").hysteresis_max_rounds == 480
+    quick_long = CharactersExperimentConfig.long(quick=True)
+    assert (quick_long.rounds, quick_long.alphas) == (3 * QUICK.rounds, QUICK.alphas)
+    ran = {}
+
+    def fake_run(config, **kwargs):
+        ran["config"] = config
+        raise SystemExit(0)
+
+    monkeypatch.setattr(experiment, "run_characters", fake_run)
+    with pytest.raises(SystemExit):
+        main(["reproduce", "characters", "--config", "long", "--out", str(tmp_path)])
+    assert ran["config"] == long
+    with pytest.raises(SystemExit):
+        main(["reproduce", "characters", "--config", "long", "--quick", "--out", str(tmp_path)])
+    assert ran["config"] == quick_long
+    assert main(["reproduce", "characters", "--config", "short", "--out", str(tmp_path)]) == 2

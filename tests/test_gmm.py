@@ -221,3 +221,31 @@ def test_group_fits_together_equal_separate_fits_bit_for_bit():
     assert np.isnan(capped[steps > steps.min()]).all() and (capped_steps[steps > steps.min()] > steps.min()).all()
     with pytest.raises(RuntimeError, match="did not converge"):
         fit_logistic_regression(features[0], labels[0], task.num_classes, max_steps=10)
+
+
+def test_collapsed_entrance_is_the_first_init_draw_that_leaves_a_model_unused():
+    """entrance='collapsed': every start leaves a model unused at W^0; draw 0 is the 'any' start."""
+    seen_later_draw = False
+    for seed, radius in ((0, 0.0), (1, 4.0), (2, 12.0)):
+        any_start = GMMTask(seed=seed, init_radius=radius, entrance="any")
+        collapsed = replace(any_start, entrance="collapsed")
+        models, draws = collapsed.initial_draw(3)
+        clients = any_start.clients(np.arange(any_start.num_clients))
+        choices = np.argmin(clients.losses(models), axis=1)
+        assert len(np.unique(choices)) < 3
+        shared = [np.bincount(choices[clients.groups == g], minlength=3).argmax() for g in range(3)]
+        assert len(set(shared)) < 3  # two groups share a plurality cluster
+        np.testing.assert_array_equal(collapsed.initial_models(3), models)
+        # The draws before it were not collapsed; draw 0 is the task's start as it falls.
+        for draw in range(draws - 1):
+            earlier = collapsed._init_draw(draw, 3)
+            assert len(np.unique(np.argmin(clients.losses(earlier), axis=1))) == 3
+        np.testing.assert_array_equal(collapsed._init_draw(0, 3), any_start.initial_models(3))
+        assert any_start.initial_draw(3)[1] == 1
+        seen_later_draw |= draws > 1
+    assert seen_later_draw  # the rejection loop was exercised
+    with pytest.raises(ValueError, match="max-init-draws"):
+        GMMTask(seed=0, init_radius=0.0, entrance="collapsed", max_init_draws=1).initial_models(3)
+    for bad in (dict(entrance="split"), dict(max_init_draws=0)):
+        with pytest.raises(ValueError, match="entrance|max-init-draws"):
+            GMMTask(**bad)

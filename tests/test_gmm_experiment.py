@@ -112,3 +112,28 @@ def test_runs_table_has_one_row_per_method_and_cell(runs, quick_out):
     collapse = pd.read_parquet(quick_out / "collapse_cells.parquet")
     assert len(collapse) == int(greedy["greedy_collapse"].sum())
     assert (collapse["greedy_usable_models"] < 3).all()
+
+
+def test_every_start_is_a_collapsed_entrance_and_the_draws_are_reported(runs, quick_out):
+    """E5 by default starts every run from a collapsed entrance (K^0 < 3) and reports the draws it took;
+    --config any-entrance keeps the first E5 (the task's starts as they fall)."""
+    assert QUICK.entrance == "collapsed" and GMMExperimentConfig().entrance == "collapsed"
+    assert (runs["round0_clusters_used"] < 3).all() and (runs["round0_majority_clusters"] < 3).all()
+    claims = {claim["claim"].split(":")[0]: claim for claim in json.loads((quick_out / "claims.json").read_text())}
+    assert claims["Every start is a collapsed entrance"]["holds"] is True
+    draws = json.loads((quick_out / "config.json").read_text())["init_draws"]
+    assert draws["entrance"] == "collapsed"
+    assert [len(draws["by_R"][f"{r:g}"]) for r in QUICK.radii] == [QUICK.seeds_per_radius] * len(QUICK.radii)
+    for cell in QUICK.cells():
+        task = make_gmm_task(cell, **QUICK.task_settings())
+        assert draws["by_R"][f"{cell['radius']:g}"][cell["seed"]] == task.initial_draw(3)[1]
+    assert draws["total"] == sum(sum(v) for v in draws["by_R"].values()) > len(QUICK.cells())
+    first = make_gmm_task(QUICK.cells()[0], **{**QUICK.task_settings(), "entrance": "any"})
+    assert first.initial_draw(3)[1] == 1
+
+
+def test_named_configurations_of_reproduce(tmp_path, capsys):
+    assert main(["reproduce", "gmm", "--config", "long", "--out", str(tmp_path)]) == 2
+    assert "allowed: paper, any-entrance" in capsys.readouterr().err
+    assert main(["reproduce", "linear", "--config", "any-entrance", "--out", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())  # nothing ran

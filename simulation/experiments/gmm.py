@@ -148,7 +148,7 @@ class GMMExperimentConfig:
     local_steps: int = GMMTask.local_steps
     learning_rate: float = GMMTask.learning_rate
     init_jitter: float = GMMTask.init_jitter
-    entrance: str = "collapsed"
+    entrance: str = GMMTask.entrance
     max_init_draws: int = GMMTask.max_init_draws
     block_length: int = 10
     exp3_learning_rate: float = 2.0
@@ -380,7 +380,8 @@ def _notes(results: GMMResults, config: GMMExperimentConfig) -> str:
         draws = results.init_draws
         entrance = (
             f"Round-zero entrance (collapsed by construction): every start is the first init draw whose "
-            f"controller-free greedy choices at W^0 leave a model unused (K^0 < {config.num_clusters}); it took "
+            f"controller-free greedy choices at round 0 (training losses at W^0) leave a model unused "
+            f"(K^0 < {config.num_clusters}); it took "
             f"{draws['total']} draws for {starts} starts (mean {draws['mean']}, at most {draws['max']} per cell; "
             f"per R in config.json init_draws). In {shared} of {starts} starts two groups share a majority cluster. "
             f"Greedy ends with K_eval < 3 in {collapsed} of {starts} runs: the Greedy collapse cells are those "
