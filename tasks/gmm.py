@@ -173,6 +173,10 @@ def fit_logistic_regressions(
     weights = np.zeros_like(result)
     x, targets, sizes = features, onehot, step_sizes[:, None, None]
     for step in range(max_steps):
+        if len(active) == 1:  # the slow tail (one ill-conditioned group): the same steps, without allocations
+            result[active[0]], steps[active[0]] = _descend_one(x[0], targets[0], weights[0], float(sizes[0, 0, 0]),
+                                                               step, max_steps, tolerance * count)
+            break
         logits = np.matmul(x, weights.transpose(0, 2, 1))
         probabilities = np.exp(logits - _class_max(logits)[..., None])
         probabilities /= _class_sum(probabilities)[..., None]
@@ -189,6 +193,41 @@ def fit_logistic_regressions(
                 break
         weights -= sizes * grad
     return result, steps
+
+
+def _descend_one(features: NDArray[np.float64], targets: NDArray[np.float64], weights: NDArray[np.float64],
+                 step_size: float, first_step: int, max_steps: int, threshold: float,
+                 ) -> tuple[NDArray[np.float64], int]:
+    """The loop of :func:`fit_logistic_regressions` for one data set from step ``first_step`` on, with the
+    same operations in the same order written into preallocated buffers; ``(weights, step)`` at
+    convergence, ``(NaN, max_steps + 1)`` without."""
+    count, classes = targets.shape
+    weights = weights.copy()
+    logits, probabilities = np.empty((count, classes)), np.empty((count, classes))
+    top, total = np.empty(count), np.empty(count)
+    grad, scaled = np.empty_like(weights), np.empty_like(weights)
+    flat = grad.reshape(-1)
+    for step in range(first_step, max_steps):
+        np.matmul(features, weights.T, out=logits)
+        np.copyto(top, logits[:, 0])
+        for column in range(1, classes):
+            np.maximum(top, logits[:, column], out=top)
+        np.subtract(logits, top[:, None], out=probabilities)
+        np.exp(probabilities, out=probabilities)
+        if classes >= 8:
+            np.sum(probabilities, axis=1, out=total)
+        else:  # left to right, as numpy sums a short contiguous axis (see _class_sum)
+            np.copyto(total, probabilities[:, 0])
+            for column in range(1, classes):
+                np.add(total, probabilities[:, column], out=total)
+        np.divide(probabilities, total[:, None], out=probabilities)
+        np.subtract(probabilities, targets, out=probabilities)
+        np.matmul(probabilities.T, features, out=grad)
+        if np.sqrt(flat @ flat) < threshold:
+            return weights, step
+        np.multiply(step_size, grad, out=scaled)
+        np.subtract(weights, scaled, out=weights)
+    return np.full_like(weights, np.nan), max_steps + 1
 
 
 def fit_logistic_regression(
@@ -243,6 +282,12 @@ def group_oracle_fit(task: "GMMTask", max_steps: int = ORACLE_STEP_CAP) -> tuple
         fits = [fit_logistic_regressions(f[None], y[None], task.num_classes, max_steps=max_steps) for f, y in data]
         weights, steps = np.concatenate([w for w, _ in fits]), np.concatenate([n for _, n in fits])
     return weights.reshape(task.num_groups, -1), steps
+
+
+@lru_cache(maxsize=512)
+def _initial_draw(task: "GMMTask", num_clusters: int) -> tuple[NDArray[np.float64], int]:
+    """:meth:`GMMTask.initial_draw` of a task (in-process cache: the methods of a sweep share a start)."""
+    return task._search_draws(num_clusters)
 
 
 @lru_cache(maxsize=64)
@@ -358,7 +403,8 @@ class GMMClients:
         weights = self._as_matrices(models).copy()                        # (m, C, d+1)
         for _ in range(self.local_steps):
             logits = np.matmul(weights, features_t)                       # (m, C, s)
-            probabilities = np.exp(logits - _log_sum_exp_classes(logits)[:, None, :])
+            exponentials = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probabilities = exponentials / exponentials.sum(axis=1, keepdims=True)
             gradient = np.matmul(probabilities, features) / samples - label_moments
             weights -= self.learning_rate * gradient
         return weights.reshape(len(weights), -1)
@@ -574,6 +620,14 @@ class GMMTask:
         return self.initial_centre() + self.init_jitter * jitter
 
     def initial_draw(self, num_clusters: int) -> tuple[NDArray[np.float64], int]:
+        """``(W^0, draws)``: the start of :attr:`entrance` and the number of init draws it took (cached).
+
+        See :meth:`_search_draws`.
+        """
+        models, draws = _initial_draw(self, num_clusters)
+        return models.copy(), draws
+
+    def _search_draws(self, num_clusters: int) -> tuple[NDArray[np.float64], int]:
         """``(W^0, draws)``: the start of :attr:`entrance` and the number of init draws it took.
 
         ``"any"``: draw 0 (one draw).  ``"collapsed"``: the first draw whose controller-free greedy
