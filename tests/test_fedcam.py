@@ -235,7 +235,7 @@ def test_characters_fedcam_is_the_output_sum_form_and_trains_the_global_network(
     np.testing.assert_array_equal(pairs[0, 0], FedCAMTask(task).initial_models(2))
 
 
-def test_flower_fedcam_on_characters_is_the_simulators_output_sum_form(repository) -> None:
+def test_flower_fedcam_on_characters_is_the_simulators_output_sum_form(repository, tmp_path) -> None:
     """ServerApp's run_method + the built-in ClientApp (in process): the same routes, parts and
     combined-predictor evaluation as the simulator — one implementation in both runtimes."""
     import tomllib
@@ -243,7 +243,7 @@ def test_flower_fedcam_on_characters_is_the_simulators_output_sum_form(repositor
     from flwr.app import MessageType
 
     from fedroute.client import app as client_app
-    from fedroute.server.app import run_method
+    from fedroute.server.app import make_strategy, run_method
     from fedroute.server.run_config import parse_run_config
 
     with open(repository / "pyproject.toml", "rb") as stream:
@@ -254,7 +254,8 @@ def test_flower_fedcam_on_characters_is_the_simulators_output_sum_form(repositor
     grid = InProcessGrid({MessageType.TRAIN: client_app.train, MessageType.EVALUATE: client_app.evaluate}, 4)
     for context in grid.contexts.values():
         context.run_config = run_config
-    strategy, _ = run_method(grid, settings, "fedcam")
+    strategy = make_strategy(settings, "fedcam", tmp_path)
+    run_method(grid, settings, "fedcam", strategy)
     assert not strategy.rejected
     batch = simulate_fedcam_batch([settings.task], settings.routing["fedcam"], 3, [settings.seed], detail=True)
     routes = np.array([[strategy.client_routes[t][c] for c in range(4)] for t in range(3)])
