@@ -322,9 +322,17 @@ def _split_arrays(inputs: NDArray[np.float64], labels: NDArray[np.int64], num_cl
 
 
 def _log_sum_exp_classes(logits: NDArray[np.float64]) -> NDArray[np.float64]:
-    """``log Σ_c exp z_c`` over the class axis (second to last) of ``logits (..., C, s)``, stable."""
+    """``log Σ_c exp z_c`` over the class axis (second to last) of ``logits (..., C, s)``, stable.
+
+    Works in place: ``logits`` (a temporary) is overwritten.
+    """
     top = logits.max(axis=-2, keepdims=True)
-    return np.log(np.exp(logits - top).sum(axis=-2)) + top[..., 0, :]
+    np.subtract(logits, top, out=logits)
+    np.exp(logits, out=logits)
+    total = logits.sum(axis=-2)
+    np.log(total, out=total)
+    total += top[..., 0, :]
+    return total
 
 
 @dataclass(frozen=True)
@@ -397,16 +405,30 @@ class GMMClients:
     ) -> NDArray[np.floating]:
         """``E`` full-batch gradient steps of model ``j`` on client ``client_index[j]``."""
         data = self._train
-        features_t, features = data.features_t[client_index], data.features[client_index]
-        label_moments = data.label_moments[client_index]
-        samples = features.shape[1]
+        client_index = np.asarray(client_index)
+        if len(client_index) == len(self.client_ids) and np.array_equal(client_index, np.arange(len(client_index))):
+            features_t, features, label_moments = data.features_t, data.features, data.label_moments
+        else:
+            features_t, features = data.features_t[client_index], data.features[client_index]
+            label_moments = data.label_moments[client_index]
         weights = self._as_matrices(models).copy()                        # (m, C, d+1)
+        # One set of buffers for the E steps (fresh temporaries each step cost page faults, not flops).
+        samples = features.shape[1]
+        probabilities = np.empty(weights.shape[:2] + (samples,))          # logits → softmax, (m, C, s)
+        column = np.empty((len(weights), 1, samples))                     # max, then sum, over classes
+        gradient = np.empty_like(weights)
         for _ in range(self.local_steps):
-            logits = np.matmul(weights, features_t)                       # (m, C, s)
-            exponentials = np.exp(logits - logits.max(axis=1, keepdims=True))
-            probabilities = exponentials / exponentials.sum(axis=1, keepdims=True)
-            gradient = np.matmul(probabilities, features) / samples - label_moments
-            weights -= self.learning_rate * gradient
+            np.matmul(weights, features_t, out=probabilities)
+            np.max(probabilities, axis=1, keepdims=True, out=column)
+            np.subtract(probabilities, column, out=probabilities)
+            np.exp(probabilities, out=probabilities)
+            np.sum(probabilities, axis=1, keepdims=True, out=column)
+            np.divide(probabilities, column, out=probabilities)
+            np.matmul(probabilities, features, out=gradient)
+            np.divide(gradient, samples, out=gradient)
+            np.subtract(gradient, label_moments, out=gradient)            # softmax(z) X̃ / s − M
+            np.multiply(gradient, self.learning_rate, out=gradient)
+            np.subtract(weights, gradient, out=weights)
         return weights.reshape(len(weights), -1)
 
 
