@@ -373,9 +373,9 @@ def housing_claims(results: HousingResults, config: HousingExperimentConfig) -> 
             "greedy_collapse_cells": n_cells,
             "distinct_seeds_among_them": sorted(int(x) for x in cells["seed"].unique()),
             "exp3_two_usable_on_greedy_collapse_cells": int((cells["exp3_usable_models"] == K).sum())
-            if n_cells else 0,
+            if n_cells and "exp3" in methods else None,
             "exp3_minus_greedy_routed_test_loss_on_greedy_collapse_cells": number(
-                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells else None,
+                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells and "exp3" in methods else None,
             "notes": notes,
         },
         "holds": bool(len(exp3) and (exp3["pr_all_usable"] >= KEEP_LEVEL).all()) if "exp3" in methods else None,
