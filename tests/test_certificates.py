@@ -10,7 +10,7 @@ Flower 1.42's own key loaders (``flwr supernode register`` and
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import shutil
 import socket
@@ -19,8 +19,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
-import click
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -106,40 +106,60 @@ def test_tls_handshake_rejects_other_names(certificates: Path) -> None:
         _handshake(certificates, "supernode-0")
 
 
-def test_node_keys_load_with_flowers_own_loaders(certificates: Path) -> None:
+# Flower's loaders end with flwr_exit() on a bad key, which also starts a thread that calls
+# os._exit() a few seconds later: they run in a subprocess, never in the test process.
+FLOWER_LOADERS = """
+import argparse, json, os, sys
+from pathlib import Path
+from flwr.cli.supernode.register import try_load_public_key
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+from flwr.supernode.cli.flower_supernode import _try_setup_client_authentication
+
+results = []
+for private in sys.argv[1:]:
+    result = {"registered": None, "node": None, "curve": None}
+    try:  # flwr supernode register PRIVATE.pub <connection>
+        result["registered"] = try_load_public_key(Path(private + ".pub")).hex()
+    except (SystemExit, Exception):
+        pass
+    try:  # flower-supernode --auth-supernode-private-key PRIVATE
+        arguments = argparse.Namespace(auth_supernode_private_key=private, auth_supernode_public_key=None)
+        key, public = _try_setup_client_authentication(arguments)
+        result["node"], result["curve"] = public_key_to_bytes(public).hex(), key.curve.name
+    except SystemExit:
+        pass
+    results.append(result)
+print(json.dumps(results), flush=True)
+os._exit(0)
+"""
+
+
+def _flower_loads(*private_keys: Path) -> list[dict[str, Any]]:
+    completed = subprocess.run([sys.executable, "-c", FLOWER_LOADERS, *map(str, private_keys)],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_node_keys_load_with_flowers_own_loaders(certificates: Path, tmp_path: Path) -> None:
     """``flwr supernode register KEY.pub`` and ``flower-supernode --auth-supernode-private-key KEY``
-    (Flower 1.42's functions) accept the pairs, and the public key is the private key's."""
-    from flwr.cli.supernode.register import try_load_public_key
-    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
-    from flwr.supernode.cli.flower_supernode import _try_setup_client_authentication
-
-    for index in range(2):
-        private_path = certificates / "supernode-keys" / f"supernode-{index}"
-        registered = try_load_public_key(private_path.with_name(private_path.name + ".pub"))
-        arguments = argparse.Namespace(auth_supernode_private_key=str(private_path), auth_supernode_public_key=None)
-        private_key, public_key = _try_setup_client_authentication(arguments)
-        assert isinstance(private_key, ec.EllipticCurvePrivateKey) and private_key.curve.name == "secp384r1"
-        assert public_key_to_bytes(public_key) == registered
-    assert not (certificates / "supernode-keys" / "supernode-2").exists()
-
-
-def test_flowers_loaders_reject_keys_in_another_format(tmp_path: Path) -> None:
-    """The check above discriminates: a PEM (PKCS#8 / SubjectPublicKeyInfo) pair, as ``openssl
-    genpkey`` writes it, is refused by the same loaders."""
-    from flwr.cli.supernode.register import try_load_public_key
-    from flwr.supernode.cli.flower_supernode import _try_setup_client_authentication
-
+    (Flower 1.42's functions) accept the pairs, and the registered key is the node's; the same
+    loaders refuse a PEM pair (PKCS#8 / SubjectPublicKeyInfo, as ``openssl genpkey`` writes it),
+    so the check discriminates."""
     key = ec.generate_private_key(ec.SECP384R1())
-    private_path, public_path = tmp_path / "node", tmp_path / "node.pub"
-    private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
-    with pytest.raises((SystemExit, click.ClickException)):
-        try_load_public_key(public_path)
-    with pytest.raises(SystemExit):
-        _try_setup_client_authentication(argparse.Namespace(auth_supernode_private_key=str(private_path),
-                                                            auth_supernode_public_key=None))
+    pem = tmp_path / "pem-node"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    pem.with_name("pem-node.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    keys = certificates / "supernode-keys"
+    made = _flower_loads(keys / "supernode-0", keys / "supernode-1", pem)
+    for result in made[:2]:
+        assert result["registered"] is not None and result["registered"] == result["node"]
+        assert result["curve"] == "secp384r1"
+    assert made[0]["node"] != made[1]["node"]
+    assert made[2] == {"registered": None, "node": None, "curve": None}
+    assert not (keys / "supernode-2").exists()
 
 
 def test_node_key_pair_is_openssh_ecdsa_p384() -> None:
