@@ -70,6 +70,7 @@ class SlowTestReporter:
         self.test: Optional[str] = None
         self.phase = ""
         self.test_started = 0.0
+        self._last_line = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slow-test-reporter", daemon=True)
@@ -85,6 +86,7 @@ class SlowTestReporter:
     def begin(self, nodeid: str) -> None:
         with self._lock:
             self.test, self.phase, self.test_started = nodeid, "setup", time.monotonic()
+            self._last_line = self.test_started
 
     def enter(self, phase: str) -> None:
         with self._lock:
@@ -95,16 +97,17 @@ class SlowTestReporter:
             self.test = None
 
     def line(self, now: float) -> Optional[str]:
-        """The progress line for ``now``, or None when no test has run for a full interval."""
+        """The progress line due at ``now`` (one per full interval of the running test), else None."""
         with self._lock:
-            if self.test is None or now - self.test_started < self.interval:
+            if self.test is None or now - self._last_line < self.interval:
                 return None
+            self._last_line = now
             suite = int(now - self.suite_started)
             return (f"\n[still running {now - self.test_started:.0f} s] {self.test} "
                     f"({self.phase}; suite {suite // 60} min {suite % 60:02d} s)\n")
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.wait(min(1.0, self.interval / 4)):
             text = self.line(time.monotonic())
             if text:
                 try:
