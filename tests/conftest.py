@@ -120,7 +120,11 @@ _REPORTER_KEY = pytest.StashKey[SlowTestReporter]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    interval = float(os.environ.get(PROGRESS_ENV, "30") or 0)
+    text = os.environ.get(PROGRESS_ENV, "30") or "0"
+    try:
+        interval = float(text)
+    except ValueError:
+        raise pytest.UsageError(f"{PROGRESS_ENV} = {text!r} is invalid; allowed: seconds (a number; 0 = off)") from None
     if interval <= 0:
         return
     # Output capturing is suspended between tests: fd 1 is the terminal here.
