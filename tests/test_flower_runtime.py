@@ -223,7 +223,7 @@ def test_flower_telemetry_and_alarms_equal_the_simulators(flower_run: Path, repo
     from fedroute.simulation.recorded import simulate_run
     from test_telemetry import assert_same_telemetry
 
-    settings = parse_run_config(_full_run_config(repository))
+    settings = parse_run_config(_full_run_config(repository, RUN_CONFIG))
     simulated = simulate_run(settings, tmp_path)
     assert_same_telemetry(flower_run, tmp_path)
     summary = json.loads((flower_run / "summary.json").read_text())
