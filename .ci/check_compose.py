@@ -4,8 +4,8 @@
 
 ``docker-compose config`` parses, validates (against Compose's schema) and merges
 the files; this runs it on the committed base file alone, on the base file merged
-with the TLS override, and on the generator's output for 3 SuperNodes with TLS and
-SuperNode authentication.  Run with the interpreter of docker-compose's own
+with the TLS override (TLS and SuperNode authentication), and on the generator's
+output for 3 SuperNodes, with TLS and authentication and with TLS alone.  Run with the interpreter of docker-compose's own
 virtualenv (it brings PyYAML).  Exit code 0 iff every check holds.
 """
 
@@ -56,18 +56,25 @@ def main(argv: list[str]) -> int:
     assert merged["supernode-3"]["command"][:2] == ["--root-certificates", f"{CERTIFICATES}/ca.crt"]
     print(f"ok: {base.name} + {tls.name}")
 
+    assert "--enable-supernode-auth" in merged["superlink"]["command"]
     generator = REPOSITORY / "scripts" / "compose-scale.py"
     with tempfile.TemporaryDirectory(dir=REPOSITORY, prefix=".compose-check-") as scratch:
-        generated, override = Path(scratch) / "base.yml", Path(scratch) / "tls.yml"
-        for target, extra in ((generated, []), (override, ["--tls", "--node-auth"])):
-            target.write_text(subprocess.run([sys.executable, str(generator), "3", *extra], capture_output=True,
-                                             text=True, check=True).stdout)
-        services = compose_config(binary, [generated, override])["services"]
-        assert "--enable-supernode-auth" in services["superlink"]["command"]
-        assert f"{CERTIFICATES}/supernode-keys/supernode-2" in services["supernode-2"]["command"]
-        assert "supernode-3" not in services
-    print("ok: compose-scale.py 3 + --tls --node-auth")
+        generated = Path(scratch) / "base.yml"
+        generated.write_text(_generate(generator, "3"))
+        for flags, node_auth in ((["--tls"], True), (["--tls", "--no-node-auth"], False)):
+            override = Path(scratch) / "tls.yml"
+            override.write_text(_generate(generator, "3", *flags))
+            services = compose_config(binary, [generated, override])["services"]
+            assert ("--enable-supernode-auth" in services["superlink"]["command"]) is node_auth
+            assert (f"{CERTIFICATES}/supernode-keys/supernode-2" in services["supernode-2"]["command"]) is node_auth
+            assert "supernode-3" not in services
+            print(f"ok: compose-scale.py 3 + {' '.join(flags)}")
     return 0
+
+
+def _generate(generator: Path, *arguments: str) -> str:
+    return subprocess.run([sys.executable, str(generator), *arguments], capture_output=True, text=True,
+                          check=True).stdout
 
 
 if __name__ == "__main__":
