@@ -8,7 +8,9 @@ per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
 (each file atomically).  A run that fails (e.g. a dead federation) records the
 error and its alarms in ``summary.json`` and ``status.json`` and stops with the
 error.  A method whose final evaluation brought no valid reply gets a summary
-with ``"evaluation": "missing"``.
+with ``"evaluation": "missing"``.  With ``save-round-models = true`` it also
+writes ``round_models.npz``: every method's models after every round (for short
+runs and runtime-equivalence checks).
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 import pandas as pd
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedroute import protocol
+from fedroute.atomic_files import atomic_write
 from fedroute.client.fedcam import initial_global_model, task_uses_output_sum
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.progress import ensure_console_handler
@@ -34,7 +37,7 @@ from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.summary import run_summary
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
-from fedroute.strategies.records import array_record
+from fedroute.strategies.records import array_record, arrays_of
 
 __all__ = ["app", "make_strategy", "run_method"]
 
@@ -79,12 +82,28 @@ def evaluated_models(strategy: ClusteredRouting, task: Any) -> list[dict[str, np
     return strategy.cluster_models
 
 
-def run_method(grid: Grid, settings: RunSettings, method: str, strategy: ClusteredRouting) -> dict[str, Any]:
-    """Run one method to the end with ``strategy`` (:func:`make_strategy`); return its summary."""
+def _keep_round_models(store: dict[int, list[np.ndarray]]) -> Callable[[int, ArrayRecord], None]:
+    """An ``evaluate_fn`` for ``Strategy.start`` that appends each evaluated model, flat, to ``store[round]``
+    (called per cluster, in cluster order, at round 0 and after every round; FedCAM: the combined models)."""
+
+    def keep(server_round: int, arrays: ArrayRecord) -> None:
+        store.setdefault(server_round, []).append(protocol.flatten_arrays(arrays_of(arrays)))
+
+    return keep
+
+
+def run_method(grid: Grid, settings: RunSettings, method: str, strategy: ClusteredRouting,
+               round_models: Optional[dict[int, list[np.ndarray]]] = None) -> dict[str, Any]:
+    """Run one method to the end with ``strategy`` (:func:`make_strategy`); return its summary.
+
+    With ``round_models`` (a dict), server round → the ``K`` models evaluated after that round
+    (``0``: ``W^0``, unless the run resumed from a checkpoint) is collected into it.
+    """
     routing = settings.routing[method]
     initial = settings.task.initial_models(routing.num_clusters)
     started = time.monotonic()
-    strategy.start(grid, [array_record({"weights": model}) for model in initial], num_rounds=settings.num_rounds)
+    strategy.start(grid, [array_record({"weights": model}) for model in initial], num_rounds=settings.num_rounds,
+                   evaluate_fn=None if round_models is None else _keep_round_models(round_models))
     wall = time.monotonic() - started
     final = np.stack([protocol.flatten_arrays(model) for model in evaluated_models(strategy, settings.task)])
     evaluation = strategy.final_evaluation
@@ -129,6 +148,7 @@ def main(grid: Grid, context: Context) -> None:
     summaries: dict[str, Any] = {}
     routes: list[dict[str, Any]] = []
     models: dict[str, np.ndarray] = {}
+    per_round: dict[str, np.ndarray] = {}
     write_results(directory, config, None, summaries, models)
     write_status(directory, "running", **plan, current_method=methods[0], completed=[])
     logger.info("results: %s (follow it with: fedroute monitor %s)", directory, directory)
@@ -136,8 +156,9 @@ def main(grid: Grid, context: Context) -> None:
         write_status(directory, "running", **plan, current_method=method, completed=list(summaries))
         logger.info("method %d/%d: %s, %d rounds", index, len(methods), method, settings.num_rounds)
         strategy = make_strategy(settings, method, directory)
+        kept: Optional[dict[int, list[np.ndarray]]] = {} if settings.save_round_models else None
         try:
-            summaries[method] = run_method(grid, settings, method, strategy)
+            summaries[method] = run_method(grid, settings, method, strategy, kept)
         except Exception as error:
             summaries[method] = {"error": f"{type(error).__name__}: {error}",
                                  **(strategy.recorder.summary() if strategy.recorder is not None else {})}
@@ -153,6 +174,10 @@ def main(grid: Grid, context: Context) -> None:
         if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
             models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
         write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
+        if kept is not None:  # <method>/server_round (m,), <method>/cluster_models (m, K, P)
+            per_round[f"{method}/server_round"] = np.array(sorted(kept), dtype=np.int64)
+            per_round[f"{method}/cluster_models"] = np.stack([np.stack(kept[t]) for t in sorted(kept)])
+            atomic_write(directory / "round_models.npz", lambda stream: np.savez(stream, **per_round))
     write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
     table = summary_table(summaries)
     print(f"\n{table}\n\nresults: {directory}", flush=True)

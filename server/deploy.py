@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Mapping, Optional
 
+from fedroute.server.certificates import CertificateFiles, make_certificates
 from fedroute.server.launcher import (
     FlowerRun,
     _flwr_executable,
@@ -51,12 +52,10 @@ from fedroute.server.launcher import (
     stop_processes,
 )
 
-__all__ = ["LocalFederation", "DeploymentRun", "make_certificates", "CONNECTION"]
+__all__ = ["LocalFederation", "DeploymentRun", "CONNECTION"]
 
 CONNECTION = "fedroute-local"
 """Name of the SuperLink connection written to ``$FLWR_HOME/config.toml``."""
-
-_REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -65,53 +64,6 @@ class DeploymentRun(FlowerRun):
 
     results_dir: Optional[Path] = None
     """``<results-dir>/<run-id>/`` if the run wrote it (``results-dir`` given as an absolute path)."""
-
-
-# ---------------------------------------------------------------- certificates
-def make_certificates(directory: Path) -> dict[str, Path]:
-    """A private CA and a SuperLink certificate for 127.0.0.1/localhost, in ``directory``.
-
-    Uses ``scripts/make-certificates.sh`` when it exists (the Docker setup
-    uses the same files), else a minimal openssl routine.
-
-    Returns
-    -------
-    dict
-        ``ca`` (root certificate), ``cert`` and ``key`` (the SuperLink's).
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {"ca": directory / "ca.crt", "cert": directory / "server.pem", "key": directory / "server.key"}
-    script = _REPOSITORY / "scripts" / "make-certificates.sh"
-    if script.is_file():
-        subprocess.run(["bash", str(script), "--out", str(directory)], check=True, capture_output=True, text=True)
-    else:
-        _openssl_certificates(directory, paths)
-    missing = [str(path) for path in paths.values() if not path.is_file()]
-    if missing:
-        raise RuntimeError(f"certificate generation did not produce {missing}")
-    return paths
-
-
-def _openssl_certificates(directory: Path, paths: Mapping[str, Path]) -> None:
-    """Fallback: CA + server certificate (SAN 127.0.0.1, localhost) with openssl."""
-    if shutil.which("openssl") is None:
-        raise RuntimeError("TLS needs openssl (Debian/Ubuntu: apt-get install openssl)")
-    extensions = directory / "server.ext"
-    extensions.write_text("basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
-                          "extendedKeyUsage = serverAuth\nsubjectAltName = DNS:localhost, IP:127.0.0.1\n")
-    ca_key = directory / "ca.key"
-    csr = directory / "server.csr"
-    for command in (
-        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(ca_key)],
-        ["openssl", "req", "-x509", "-new", "-key", str(ca_key), "-sha256", "-days", "30",
-         "-subj", "/CN=fedroute local CA", "-out", str(paths["ca"])],
-        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(paths["key"])],
-        ["openssl", "req", "-new", "-key", str(paths["key"]), "-subj", "/CN=127.0.0.1", "-out", str(csr)],
-        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(paths["ca"]), "-CAkey", str(ca_key),
-         "-CAcreateserial", "-days", "30", "-sha256", "-extfile", str(extensions), "-out", str(paths["cert"])],
-    ):
-        subprocess.run(command, check=True, capture_output=True, text=True)
 
 
 # ---------------------------------------------------------------- processes
@@ -249,7 +201,7 @@ class LocalFederation:
         self.superexec_poll_interval = superexec_poll_interval
         self.startup_timeout = startup_timeout
         self.port: Optional[int] = None
-        self.certificates: dict[str, Path] = {}
+        self.certificates: Optional[CertificateFiles] = None
         self.environment: dict[str, str] = {}
         self._superlink: Optional[subprocess.Popen] = None
         self._supernodes: list[Optional[subprocess.Popen]] = [None] * self.num_supernodes
@@ -326,7 +278,7 @@ class LocalFederation:
         """``[superlink.fedroute-local]`` in ``$FLWR_HOME/config.toml``, and make it the default."""
         lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]",
                  f'address = "127.0.0.1:{self.port}"']
-        lines += [f'root-certificates = "{self.certificates["ca"]}"'] if self.tls else ["insecure = true"]
+        lines += [f'root-certificates = "{self.certificates.ca}"'] if self.certificates else ["insecure = true"]
         (self.flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def node_config(self, index: int) -> dict[str, Any]:
@@ -344,9 +296,9 @@ class LocalFederation:
     def _start_superlink(self) -> None:
         command = [self._script("flower-superlink"), "--disable-runtime-dependency-installation",
                    "--host", "127.0.0.1", "--port", str(self.port), "--database", str(self.superlink_database)]
-        if self.tls:
-            command += ["--ssl-certfile", str(self.certificates["cert"]), "--ssl-keyfile",
-                        str(self.certificates["key"]), "--ssl-ca-certfile", str(self.certificates["ca"])]
+        if self.certificates is not None:
+            command += ["--ssl-certfile", str(self.certificates.cert), "--ssl-keyfile",
+                        str(self.certificates.key), "--ssl-ca-certfile", str(self.certificates.ca)]
         else:
             command += ["--insecure"]
         self._superlink = self._spawn(command, "superlink")
@@ -356,7 +308,7 @@ class LocalFederation:
         command = [self._script("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
                    "--node-config", format_run_config(self.node_config(index)),
                    "--host", "127.0.0.1", "--port", str(_free_port())]
-        command += ["--root-certificates", str(self.certificates["ca"])] if self.tls else ["--insecure"]
+        command += ["--root-certificates", str(self.certificates.ca)] if self.certificates else ["--insecure"]
         self._supernodes[index] = self._spawn(command, f"supernode-{index}")
 
     def _flwr_command(self, *arguments: str, timeout: float = 60.0) -> subprocess.CompletedProcess:

@@ -22,7 +22,8 @@ __all__ = ["RunSettings", "parse_run_config"]
 
 # Keys that name outputs or the run's length, not its dynamics.
 _NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout",
-                 "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval"}
+                 "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval",
+                 "save-round-models"}
 
 # run-config key → AlarmSettings field.
 _ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
@@ -71,6 +72,9 @@ class RunSettings:
     influence: InfluenceBounds = InfluenceBounds()
     """How much one reply may move a cluster and the masses (``max-weight-ratio``,
     ``max-update-norm``, ``aggregation``, ``trim-fraction``)."""
+    save_round_models: bool = False
+    """Also write every round's cluster models (``round_models.npz``; run-config key
+    ``save-round-models``)."""
 
 
 CHECKPOINT_ENVIRONMENT = "FEDROUTE_CHECKPOINT_DIR"
@@ -178,9 +182,10 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     RunSettings
     """
     method = str(config.get("method", "all"))
-    if method != "all" and method not in METHODS:
-        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all' or one of {METHODS}")
-    methods = METHODS if method == "all" else (method,)
+    methods = METHODS if method == "all" else tuple(part.strip() for part in method.split(","))
+    if not methods or any(name not in METHODS for name in methods) or len(set(methods)) != len(methods):
+        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all', one of {METHODS} "
+                         "or several of them, comma-separated and distinct (e.g. 'greedy,exp3')")
     # Run-level numbers first: their errors name their key before a task sees them.
     num_rounds = _integer(config, "num-server-rounds", 1, MAX_ROUNDS) if "num-server-rounds" in config else 80
     seed = _integer(config, "seed", 0, MAX_SEED) if "seed" in config else 0
@@ -224,6 +229,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         tensorboard=_boolean(config, "tensorboard") if "tensorboard" in config else False,
         progress_interval=_number(config, "progress-interval", 0.0, 1e7) if "progress-interval" in config else 5.0,
         influence=influence,
+        save_round_models=_boolean(config, "save-round-models") if "save-round-models" in config else False,
     )
 
 

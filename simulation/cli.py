@@ -5,6 +5,7 @@
 ``fedroute simulate``   run one configuration in the batched simulator and print its summary
 ``fedroute reproduce``  run a paper experiment (tables, figures, claims)
 ``fedroute monitor``    watch a run's routing (masses, starving clusters, arm mix, alarms) live
+``fedroute certificates``  make the TLS certificates and SuperNode keys of a deployment
 """
 
 from __future__ import annotations
@@ -126,6 +127,25 @@ def _monitor(args: argparse.Namespace) -> int:
                        timeout=args.timeout)
 
 
+def _certificates(args: argparse.Namespace) -> int:
+    from fedroute.server.certificates import make_certificates
+
+    try:
+        files = make_certificates(args.out, days=args.days, sans=args.san, node_keys=args.node_keys,
+                                  force=args.force, report=print)
+    except ValueError as error:
+        print(f"fedroute certificates: {error}", file=sys.stderr)
+        return 2
+    if files.node_keys:
+        print("\nRegister the public keys with the SuperLink (it must run with --enable-supernode-auth):")
+        for key in files.node_keys:
+            print(f"  flwr supernode register {key}.pub <connection>")
+    owned = " ".join(str(path) for path in (files.key, *files.node_keys))
+    print("\nDocker on Linux: the Flower containers run as uid 49999 and the private keys are mode 600;\n"
+          f"let the containers read the ones they mount with\n  sudo chown 49999:49999 {owned}")
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     allowed = [PAPER_CONFIG, *REPRODUCE_CONFIGS.get(args.experiment, {})]
     if named_config(args) not in allowed:
@@ -163,6 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped")
     local.add_argument("--app-dir", default=".", help="the Flower app (this repository)")
     local.set_defaults(handler=_deploy)
+
+    certificates = commands.add_parser(
+        "certificates", help="TLS certificates (private CA + SuperLink) and SuperNode key pairs",
+        description="Make a private CA (ca.key, ca.crt), the SuperLink certificate (server.key, server.pem; "
+                    "SAN DNS:superlink, DNS:localhost, IP:127.0.0.1 and every --san) and, with --node-keys N, "
+                    "N SuperNode key pairs in OpenSSH format (supernode-keys/supernode-<i>{,.pub}). "
+                    "Existing files are kept unless --force. Needs no openssl/ssh-keygen (docs/deployment.md).")
+    certificates.add_argument("--out", default="certificates", help="output directory (default: certificates/)")
+    certificates.add_argument("--days", type=int, default=365, help="validity of new certificates in days")
+    certificates.add_argument("--san", action="append", default=[], metavar="DNS:name|IP:address",
+                              help="an extra subject alternative name of the SuperLink (repeatable)")
+    certificates.add_argument("--node-keys", type=int, default=0, metavar="N", help="SuperNode key pairs to make")
+    certificates.add_argument("--force", action="store_true", help="remake the CA and the server certificate")
+    certificates.set_defaults(handler=_certificates)
 
     sim = commands.add_parser("simulate", help="one linear-task configuration in the batched simulator")
     sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry", "fedcam"))
@@ -205,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--workers", type=int, default=1, help="parallel workers (results do not depend on it)")
     reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
     reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "
-                           "(csv, csv.gz, parquet); default $FEDROUTE_HOUSING_FILE, else the real download")
+                           "(csv, csv.gz, parquet); default $FEDROUTE_HOUSING_FILE, else the real download, "
+                           "else (offline) the copy shipped with fedroute")
     reproduce.set_defaults(handler=_reproduce)
     return parser
 

@@ -170,6 +170,7 @@ __all__ = [
     "CharactersTask",
     "TransformedCharactersTask",
     "calibrate_entry_threshold",
+    "entry_threshold_from_benefits",
     "client_batch",
     "digit_clients",
     "mlp_forward",
@@ -914,6 +915,32 @@ def calibrate_entry_threshold(
     probed = frame[np.isfinite(frame["benefit"])]
     table = (probed.groupby(["data_seed", "alpha", "group"])["benefit"]
              .agg(["count", "min", "max", "mean"]).reset_index())
+    tau, summary = entry_threshold_from_benefits(probed)
+    return tau, table, summary
+
+
+def entry_threshold_from_benefits(probed: "pd.DataFrame") -> tuple[float, dict[str, Any]]:
+    """The threshold rule of :func:`calibrate_entry_threshold` on a table of probed benefits.
+
+    Parameters
+    ----------
+    probed : pandas.DataFrame
+        One row per probed (client, cell): ``alpha``, ``group`` (0 clean, 1 transformed) and a
+        finite ``benefit``; other columns are ignored.
+
+    Returns
+    -------
+    tau : float
+        The midpoint between the clean minimum and the transformed maximum over the cells with
+        ``α ≥ α_sep`` (``α_sep``: the smallest ``α`` from which every larger ``α`` separates the
+        groups, ``max transformed < min clean``); if the largest ``α`` does not separate, the
+        best-separating threshold over all rows (midpoints between consecutive distinct
+        benefits, plus one just below the smallest and one just above the largest value; the
+        fewest rows on the wrong side, ties to the lowest).
+    summary : dict
+        As in :func:`calibrate_entry_threshold`.
+    """
+
     def errors(threshold: float) -> int:
         """Transformed clients that would not qualify plus clean clients that would."""
         return int(((probed.group == 1) & (probed.benefit > threshold)).sum()
@@ -951,7 +978,7 @@ def calibrate_entry_threshold(
                                              for (_, group), rate in part.items()}
                               for alpha, part in entering.groupby(level="alpha")},
                "per_alpha": per_alpha}
-    return float(tau), table, summary
+    return float(tau), summary
 
 
 def pretraining_table(

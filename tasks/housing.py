@@ -5,13 +5,19 @@ Data
     ``MedInc, HouseAge, AveRooms, AveBedrms, Population, AveOccup, Latitude,
     Longitude``; target ``MedHouseVal``).  The real loader is
     ``sklearn.datasets.fetch_california_housing(as_frame=True)``.  Where its
-    download host cannot be reached, point the task at a local copy of the
-    table (csv, csv.gz or parquet with those nine columns): ``data_file=`` in
-    Python, run-config key ``data-file``, or the environment variable
-    ``FEDROUTE_HOUSING_FILE`` (used whenever no file is given; an empty
-    ``data-file`` means "not given").  A relative path is resolved against the
-    working directory of the process that reads it, so Flower runs should pass
-    an absolute path.
+    download host cannot be reached (and scikit-learn has no cached copy), the
+    loader logs a warning and uses the copy shipped inside the package,
+    :data:`EMBEDDED_TABLE` (``tasks/data/california_housing.csv.gz``, StatLib /
+    Pace & Barry 1997, the same values as the download to 3.3e-7; source,
+    licence and sha256 in ``tasks/data/README.md``).  Any other local copy
+    (csv, csv.gz or parquet with those nine columns) can be named:
+    ``data_file=`` in Python, run-config key ``data-file``, or the environment
+    variable ``FEDROUTE_HOUSING_FILE`` (used whenever no file is given; an
+    empty ``data-file`` means "not given").  A relative path is resolved
+    against the working directory of the process that reads it, so Flower runs
+    should pass an absolute path.  Naming a file also skips the download
+    attempt (scikit-learn retries 3 times, ≈ 6 s when offline, once per
+    process).
 
 Processing (paper B.5)
     1. A seeded random split of the block groups: ``round(test_fraction · N)``
@@ -81,6 +87,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import functools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,10 +106,13 @@ __all__ = [
     "TARGET",
     "COLUMNS",
     "DATA_FILE_ENV",
+    "EMBEDDED_TABLE",
+    "EMBEDDED_TABLE_SHA256",
     "HousingTask",
     "HousingClients",
     "HousingSamples",
     "load_california_housing",
+    "load_california_housing_from",
     "split_rows",
 ]
 
@@ -115,11 +125,17 @@ DATA_FILE_ENV = "FEDROUTE_HOUSING_FILE"
 OCCUPANCY_QUANTILE = 0.75
 DIMENSION = len(FEATURES) + 1
 
+EMBEDDED_TABLE = Path(__file__).resolve().parent / "data" / "california_housing.csv.gz"
+"""The table shipped with the package (used when the download host is unreachable)."""
+EMBEDDED_TABLE_SHA256 = "b4ef11bee82f828f07f908a28066137f13d292533e31011a70c4e9e51852acfd"
+"""sha256 of :data:`EMBEDDED_TABLE` (``tasks/data/README.md``)."""
+
 _OFFLINE_HINT = (
     "pass data_file= (run-config key 'data-file', CLI --data-file) pointing at a local copy of the "
-    "table (csv, csv.gz or parquet), such as ../shared/data/california_housing.csv.gz, "
-    f"or set the environment variable {DATA_FILE_ENV}"
+    f"table (csv, csv.gz or parquet), or set the environment variable {DATA_FILE_ENV}"
 )
+
+logger = logging.getLogger("fedroute")
 
 
 def _default_data_file(data_file: Union[str, Path, None]) -> Optional[Path]:
@@ -172,28 +188,57 @@ def load_california_housing(data_file: Union[str, Path, None] = None) -> pd.Data
     FileNotFoundError
         ``data_file`` does not exist.
     RuntimeError
-        No file given and the download host of ``fetch_california_housing``
-        is unreachable (the message says how to pass a local copy).
+        No file given, the download host of ``fetch_california_housing`` is
+        unreachable and the embedded copy is missing (the message says how to
+        pass a local copy).
     """
-    return _load(_default_data_file(data_file))
+    return load_california_housing_from(data_file)[0]
+
+
+def load_california_housing_from(data_file: Union[str, Path, None] = None) -> tuple[pd.DataFrame, Optional[Path]]:
+    """:func:`load_california_housing` and the file it read (None: the download).
+
+    The file is ``data_file``, ``$FEDROUTE_HOUSING_FILE`` or, when the download
+    host is unreachable, :data:`EMBEDDED_TABLE`.
+    """
+    return _load_from(_default_data_file(data_file))
+
+
+def _load_from(path: Optional[Path]) -> tuple[pd.DataFrame, Optional[Path]]:
+    """Read ``path`` or, if None, the real loader with the embedded fallback (no environment lookup here)."""
+    if path is None:
+        frame = _fetch()
+        if frame is not None:
+            return _checked(frame, "fetch_california_housing"), None
+        path = EMBEDDED_TABLE
+    return _checked(_read_table(path), repr(str(path))), path
+
+
+def _fetch() -> Optional[pd.DataFrame]:
+    """The real loader's table, or None (logged) when its download host is unreachable."""
+    from sklearn.datasets import fetch_california_housing
+
+    try:
+        return fetch_california_housing(as_frame=True).frame
+    except OSError as error:  # URLError, HTTPError, ConnectionError, socket timeouts
+        if not EMBEDDED_TABLE.is_file():
+            raise RuntimeError(
+                "cannot load California Housing: the download host of "
+                f"sklearn.datasets.fetch_california_housing is unreachable ({error}) and the embedded copy "
+                f"{EMBEDDED_TABLE} is missing; {_OFFLINE_HINT}"
+            ) from error
+        logger.warning("California Housing: the download host of fetch_california_housing is unreachable (%s); "
+                       "using the table shipped with fedroute, %s (same values to 3.3e-7)", error, EMBEDDED_TABLE)
+        return None
 
 
 def _load(path: Optional[Path]) -> pd.DataFrame:
-    """Read ``path`` or, if None, call the real loader (no environment lookup here)."""
-    if path is not None:
-        frame = _read_table(path)
-        source = repr(str(path))
-    else:
-        from sklearn.datasets import fetch_california_housing
+    """The table of :func:`_load_from`."""
+    return _load_from(path)[0]
 
-        try:
-            frame = fetch_california_housing(as_frame=True).frame
-        except OSError as error:  # URLError, HTTPError, ConnectionError, socket timeouts
-            raise RuntimeError(
-                "cannot load California Housing: the download host of "
-                f"sklearn.datasets.fetch_california_housing is unreachable ({error}); {_OFFLINE_HINT}"
-            ) from error
-        source = "fetch_california_housing"
+
+def _checked(frame: pd.DataFrame, source: str) -> pd.DataFrame:
+    """The nine columns as float64; every value finite."""
     frame = frame.loc[:, list(COLUMNS)].astype(np.float64).reset_index(drop=True)
     if not np.isfinite(frame.to_numpy()).all():
         raise ValueError(f"California Housing table from {source} holds missing or non-finite values")

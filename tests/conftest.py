@@ -1,12 +1,25 @@
-"""Shared fixtures: hermetic Flower runs of the real app (Ray simulation)."""
+"""Shared fixtures, and a progress line while a slow test runs.
+
+Some tests run real ``flwr run`` simulations or SuperLink/SuperNode processes for
+tens of seconds, during which pytest prints nothing (its output is captured).
+Every ``FEDROUTE_TEST_PROGRESS_SECONDS`` seconds (default 30; ``0`` turns it
+off) a background thread writes one line to the terminal pytest started in,
+naming the running test, its phase (a module fixture's Flower run shows as
+``setup``) and how long it and the suite have been running.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+PROGRESS_ENV = "FEDROUTE_TEST_PROGRESS_SECONDS"
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +54,113 @@ def test_app(repository: Path, tmp_path: Path):
         return app_dir
 
     return make
+
+
+class SlowTestReporter:
+    """Writes ``[still running 90 s] <test> (setup; suite 4 min 10 s)`` every ``interval`` seconds of one test.
+
+    The lines go to a duplicate of the terminal's file descriptor taken before any test
+    runs, so pytest's output capturing does not swallow them.
+    """
+
+    def __init__(self, interval: float, terminal_fd: int) -> None:
+        self.interval = interval
+        self.terminal_fd = terminal_fd
+        self.suite_started = time.monotonic()
+        self.test: Optional[str] = None
+        self.phase = ""
+        self.test_started = 0.0
+        self._last_line = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slow-test-reporter", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        os.close(self.terminal_fd)
+
+    def begin(self, nodeid: str) -> None:
+        with self._lock:
+            self.test, self.phase, self.test_started = nodeid, "setup", time.monotonic()
+            self._last_line = self.test_started
+
+    def enter(self, phase: str) -> None:
+        with self._lock:
+            self.phase = phase
+
+    def end(self) -> None:
+        with self._lock:
+            self.test = None
+
+    def line(self, now: float) -> Optional[str]:
+        """The progress line due at ``now`` (one per full interval of the running test), else None."""
+        with self._lock:
+            if self.test is None or now - self._last_line < self.interval:
+                return None
+            self._last_line = now
+            suite = int(now - self.suite_started)
+            return (f"\n[still running {now - self.test_started:.0f} s] {self.test} "
+                    f"({self.phase}; suite {suite // 60} min {suite % 60:02d} s)\n")
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.interval / 4)):
+            text = self.line(time.monotonic())
+            if text:
+                try:
+                    os.write(self.terminal_fd, text.encode())
+                except OSError:
+                    return
+
+
+_REPORTER_KEY = pytest.StashKey[SlowTestReporter]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    text = os.environ.get(PROGRESS_ENV, "30") or "0"
+    try:
+        interval = float(text)
+    except ValueError:
+        raise pytest.UsageError(f"{PROGRESS_ENV} = {text!r} is invalid; allowed: seconds (a number; 0 = off)") from None
+    if interval <= 0:
+        return
+    # Output capturing is suspended between tests: fd 1 is the terminal here.
+    reporter = SlowTestReporter(interval, os.dup(1))
+    config.stash[_REPORTER_KEY] = reporter
+    reporter.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.stash.get(_REPORTER_KEY, None)
+    if reporter is not None:
+        reporter.stop()
+
+
+def _reporter(item: pytest.Item) -> Optional[SlowTestReporter]:
+    return item.config.stash.get(_REPORTER_KEY, None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if (reporter := _reporter(item)) is not None:
+        reporter.begin(item.nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    if (reporter := _reporter(item)) is not None:
+        reporter.enter("call")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if (reporter := _reporter(item)) is not None:
+        reporter.enter("teardown")
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
+    if call.when == "teardown" and (reporter := _reporter(item)) is not None:
+        reporter.end()

@@ -3,6 +3,7 @@
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from fedroute.tasks.characters import (
     CharactersTask,
     calibrate_entry_threshold,
     client_batch,
+    entry_threshold_from_benefits,
     mlp_num_parameters,
     round_zero_audit,
 )
@@ -206,6 +208,45 @@ def test_entry_threshold_calibration_uses_entry_benefits():
     assert 0 <= summary["misclassified"] <= summary["probed"]
 
 
+def _benefits(rows: dict[float, tuple[list[float], list[float]]]) -> pd.DataFrame:
+    """Probed benefits by hand: α → (clean benefits, transformed benefits)."""
+    return pd.DataFrame([{"alpha": alpha, "group": group, "benefit": value}
+                         for alpha, groups in rows.items() for group, values in enumerate(groups) for value in values])
+
+
+def test_entry_threshold_rule_by_hand_midpoint():
+    # α = 0.6 does not separate (transformed max 0.35 ≥ clean min 0.30); α = 0.7 does
+    # (0.20 < 0.28): τ = (0.28 + 0.20) / 2 = 0.24.  At τ = 0.24 the two transformed clients of
+    # α = 0.6 stay out (0.25, 0.35 > τ): 2 on the wrong side; nobody clean enters.
+    tau, summary = entry_threshold_from_benefits(_benefits({0.6: ([0.30, 0.40], [0.25, 0.35]),
+                                                            0.7: ([0.28, 0.36], [0.10, 0.20])}))
+    assert tau == pytest.approx(0.24, abs=1e-15) and summary["rule"] == "midpoint"
+    assert summary["separated_from_alpha"] == 0.7 and summary["misclassified"] == 2
+    assert summary["entry_rate"] == {0.6: {"clean": 0.0, "transformed": 0.0}, 0.7: {"clean": 0.0, "transformed": 1.0}}
+    assert summary["per_alpha"][0.6]["separated"] is False and summary["per_alpha"][0.7]["separated"] is True
+
+
+def test_entry_threshold_rule_by_hand_best_separating():
+    # The largest α (0.7) does not separate (transformed 0.35 > clean 0.30), so the rule falls back
+    # to the best-separating cut over all six benefits 0.10 0.20 0.30 0.35 0.40 0.50.  Wrong side
+    # (transformed above + clean at or below) for each candidate cut:
+    #   0.1−1e-6: 3,  0.15: 2,  0.25: 1,  0.325: 2,  0.375: 1,  0.45: 2,  0.5+1e-6: 3
+    # → 1 at 0.25 and 0.375; ties go to the lowest: τ = 0.25.
+    tau, summary = entry_threshold_from_benefits(_benefits({0.6: ([0.50], [0.20]),
+                                                            0.7: ([0.30, 0.40], [0.35, 0.10])}))
+    assert tau == pytest.approx(0.25, abs=1e-15) and summary["rule"] == "best-separating"
+    assert summary["separated_from_alpha"] is None and summary["midpoint_tau"] is None
+    assert summary["misclassified"] == 1 == summary["best_separating_misclassified"]
+
+
+def test_entry_threshold_constant_is_the_documented_midpoint():
+    # Module docstring: over the α = 0.70 calibration cells the clean minimum is 0.229 and the
+    # transformed maximum 0.213; τ is their midpoint, and methods use it for the character tasks.
+    assert ENTRY_THRESHOLD == pytest.approx((0.229 + 0.213) / 2, abs=1e-12)
+    assert method_settings("sync-entry", "characters").entry_threshold == ENTRY_THRESHOLD
+    assert method_settings("exp3", "femnist").entry_threshold == ENTRY_THRESHOLD
+
+
 def test_runs_of_different_seeds_batch_together():
     tasks = [CharactersTask(seed=seed, alpha=alpha, **SMALL) for seed, alpha in ((0, 0.5), (1, 0.7))]
     merged = concatenate_clients([t.clients(np.arange(20)) for t in tasks])
@@ -235,4 +276,6 @@ def test_documented_measurements_hold_with_the_defaults():
     tau, _, summary = calibrate_entry_threshold()
     assert tau == pytest.approx(ENTRY_THRESHOLD, abs=2e-3)
     assert summary["rule"] == "midpoint" and summary["separated_from_alpha"] == 0.7
+    assert summary["per_alpha"][0.7]["clean_min"] == pytest.approx(0.229, abs=5e-4)
+    assert summary["per_alpha"][0.7]["transformed_max"] == pytest.approx(0.213, abs=5e-4)
     assert all(rates["clean"] == 0 for rates in summary["entry_rate"].values())

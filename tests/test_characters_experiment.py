@@ -90,6 +90,18 @@ def test_cli_writes_every_file_with_the_right_columns(quick_out):
     assert config["representative_run"]["rerun_matches_sweep"] == {m: True for m in METHODS}
 
 
+def test_quick_run_claims_that_must_hold(quick_out):
+    """Claims the small grid cannot miss: the round-zero audit (both groups prefer w_mix at W^0,
+    documented for every alpha and data seed), synchronized entry's round-0 entrants holding
+    cluster 1 through the run (their episode lasts up to H_max = 800 > T = 60 rounds), and
+    autonomous EXP3 never leaving the collapsed state in the representative run."""
+    claims = json.loads((quick_out / "claims.json").read_text())
+    for text in ("Round-zero audit", "synchronized entry routes to both models in every round",
+                 "autonomous EXP3 stays at one usable model"):
+        (verdict,) = [claim["holds"] for claim in claims if text in claim["claim"]]
+        assert verdict is True, text
+
+
 def test_runs_table_has_one_row_per_method_and_cell(runs):
     assert len(runs) == sum(len(QUICK.cells(m)) for m in METHODS) == 8
     keys = ["method", "alpha", "data_seed", "selector_seed"]

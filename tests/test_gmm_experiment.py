@@ -79,6 +79,16 @@ def test_cli_writes_every_file_with_the_right_columns(quick_out):
     assert config["convergence_check"]["rounds"] == QUICK.rounds
 
 
+def test_quick_run_claims_that_must_hold(quick_out):
+    """Claims the small sweep cannot miss: one model trained alone from u_bar(12) converges within
+    T = 60 (full-batch gradient descent on a convex loss: the task's T was chosen so), and EXP3
+    keeps three models on the cells where Greedy leaves one unused."""
+    claims = json.loads((quick_out / "claims.json").read_text())
+    for start in ("T = 60 leaves no under-training confound", "EXP3 usually restores three-group specialisation"):
+        (verdict,) = [claim["holds"] for claim in claims if claim["claim"].startswith(start)]
+        assert verdict is True, start
+
+
 def test_runs_table_has_one_row_per_method_and_cell(runs, quick_out):
     assert len(runs) == len(QUICK.methods) * len(QUICK.cells())
     assert not runs.duplicated(["method", "radius", "seed"]).any()

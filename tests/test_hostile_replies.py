@@ -64,6 +64,7 @@ from fedroute.strategies.fedcam import FedCAM
 from fedroute.strategies.influence import InfluenceBounds
 from fedroute.strategies.methods import METHODS
 from fedroute.strategies.records import unpack_cluster_models
+from fedroute.strategies.validation import MIN_NUM_EXAMPLES
 
 # --------------------------------------------------------------------------- fixtures of the model
 TEMPLATE_SHAPES = {"weights": (2, 3), "bias": (2,)}
@@ -960,12 +961,24 @@ def test_int_beyond_float_range_is_rejected(key: str) -> None:
     assert len(_aggregate_one(spec).rejected) == 1
 
 
-def test_subnormal_num_examples_is_rejected_or_averaged_correctly() -> None:
-    spec = _simple_spec(1, 1, 0.3, num_examples=5e-324)
-    strategy = _aggregate_one(spec)
-    rejected = len(strategy.rejected) == 1 and np.all(strategy.cluster_models[1]["weights"] == 1.0)
-    averaged = np.allclose(strategy.cluster_models[1]["weights"], 0.3, rtol=0, atol=1e-12)
-    assert rejected or averaged
+def test_subnormal_num_examples_is_rejected_and_the_smallest_allowed_weight_counts() -> None:
+    # 5e-324 (a subnormal float) lies below MIN_NUM_EXAMPLES: rejected, naming the metric; cluster 1 keeps W^t.
+    strategy = _aggregate_one(_simple_spec(1, 1, 0.3, num_examples=5e-324))
+    assert len(strategy.rejected) == 1 and f"'{protocol.NUM_EXAMPLES}'" in strategy.rejected[0]["reason"]
+    assert "out of range" in strategy.rejected[0]["reason"]
+    for name in TEMPLATE_SHAPES:
+        np.testing.assert_array_equal(strategy.cluster_models[1][name], 1.0)
+    assert strategy.history[-1]["routed_1"] == 0 and not strategy.history[-1]["changed_1"]
+    # MIN_NUM_EXAMPLES itself is accepted and weighs in: (m·0.3 + 10·0.9) / (m + 10).
+    smallest = MIN_NUM_EXAMPLES
+    strategy = _simple_strategy()
+    strategy.aggregate_train(1, [_message(_simple_spec(1, 1, 0.3, num_examples=smallest), 11, 1),
+                                 _message(_simple_spec(2, 1, 0.9, num_examples=10), 12, 1)])
+    assert strategy.rejected == []
+    expected = (smallest * 0.3 + 10 * 0.9) / (smallest + 10)
+    assert expected != 0.9  # the tiny weight is visible in float64
+    for name in TEMPLATE_SHAPES:
+        np.testing.assert_allclose(strategy.cluster_models[1][name], expected, rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("key", ["num-clusters", "block-length", "num-server-rounds", "min-train-nodes"])

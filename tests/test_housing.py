@@ -1,7 +1,9 @@
-"""Tests of the California Housing task (paper B.5, EXPERIMENTS E6) on a generated table."""
+"""Tests of the California Housing task (paper B.5, EXPERIMENTS E6) on a generated table and on the
+real table shipped with the package (offline fallback)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from urllib.error import URLError
 
@@ -14,16 +16,17 @@ from fedroute.tasks import housing
 from fedroute.tasks.housing import (
     COLUMNS,
     DATA_FILE_ENV,
+    EMBEDDED_TABLE,
+    EMBEDDED_TABLE_SHA256,
     FEATURES,
     TARGET,
     HousingTask,
     load_california_housing,
+    load_california_housing_from,
     split_rows,
 )
 from fedroute.tasks.linear import LinearTask
 from fedroute.tasks.registry import TASKS, task_from_config
-
-SHARED_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "california_housing.csv.gz"
 
 NUM_ROWS = 400
 TEST_FRACTION = 0.2
@@ -112,18 +115,35 @@ def test_loader_rejects_a_file_missing_a_column(generated: dict, tmp_path: Path)
         load_california_housing(tmp_path / "absent.csv")
 
 
-def test_offline_fallback_tells_how_to_pass_a_local_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+def _unreachable(*args, **kwargs):
+    raise URLError("[Errno -3] Temporary failure in name resolution")
+
+
+def test_offline_loader_falls_back_to_the_embedded_table(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     import sklearn.datasets
 
-    def unreachable(*args, **kwargs):
-        raise URLError("[Errno -3] Temporary failure in name resolution")
+    monkeypatch.delenv(DATA_FILE_ENV, raising=False)
+    monkeypatch.setattr(sklearn.datasets, "fetch_california_housing", _unreachable)
+    with caplog.at_level("WARNING", logger="fedroute"):
+        frame, path = load_california_housing_from()
+    assert path == EMBEDDED_TABLE and frame.shape == (20_640, 9)
+    (record,) = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert record.levelname == "WARNING" and str(EMBEDDED_TABLE) in record.getMessage()
+    pd.testing.assert_frame_equal(load_california_housing(), frame)
+
+
+def test_offline_without_the_embedded_copy_tells_how_to_pass_a_local_copy(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    import sklearn.datasets
 
     monkeypatch.delenv(DATA_FILE_ENV, raising=False)
-    monkeypatch.setattr(sklearn.datasets, "fetch_california_housing", unreachable)
+    monkeypatch.setattr(sklearn.datasets, "fetch_california_housing", _unreachable)
+    monkeypatch.setattr(housing, "EMBEDDED_TABLE", tmp_path / "absent.csv.gz")
     with pytest.raises(RuntimeError, match="unreachable") as caught:
         load_california_housing()
     message = str(caught.value)
-    for hint in ("data_file=", "'data-file'", "--data-file", "california_housing.csv.gz", DATA_FILE_ENV):
+    for hint in ("data_file=", "'data-file'", "--data-file", "absent.csv.gz", DATA_FILE_ENV):
         assert hint in message
 
 
@@ -367,11 +387,16 @@ def test_too_many_clients_for_the_table_is_named(generated: dict) -> None:
 
 # -- the real table ------------------------------------------------------------------------------
 
-def test_shared_california_housing_file_loads() -> None:
-    assert SHARED_TABLE.is_file(), f"the shared California Housing table is missing: {SHARED_TABLE}"
-    frame = load_california_housing(SHARED_TABLE)
+def test_embedded_table_is_the_documented_real_table() -> None:
+    digest = hashlib.sha256(EMBEDDED_TABLE.read_bytes()).hexdigest()
+    assert digest == EMBEDDED_TABLE_SHA256
+    assert digest in (EMBEDDED_TABLE.parent / "README.md").read_text()
+    frame = load_california_housing(EMBEDDED_TABLE)
     assert frame.shape == (20_640, 9) and list(frame.columns) == list(COLUMNS)
-    task = HousingTask(data_file=str(SHARED_TABLE))
+    # scikit-learn's fetch_california_housing: mean target 2.068558, mean MedInc 3.870671.
+    assert frame[TARGET].mean() == pytest.approx(2.068558, abs=1e-6)
+    assert frame["MedInc"].mean() == pytest.approx(3.870671, abs=1e-6)
+    task = HousingTask(data_file=str(EMBEDDED_TABLE))
     clients = task.clients(np.arange(task.num_clients))
     assert clients.num_examples.sum() == 20_640 - round(0.2 * 20_640)
     np.testing.assert_array_equal(np.bincount(clients.groups), [15, 5])

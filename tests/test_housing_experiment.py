@@ -1,7 +1,7 @@
 """Tests of E6 (paper Figure B.4): the California Housing radius sweep (``reproduce housing --quick``).
 
 The sweep runs on a small generated table with the real schema (a linear rule per
-occupancy regime); one test runs the shared copy of the real table if it is there.
+occupancy regime); one test runs it offline on the real table shipped with the package.
 """
 
 import hashlib
@@ -20,11 +20,10 @@ from fedroute.simulation.experiments.housing import (
     HousingExperimentConfig,
     collapse_columns,
 )
-from fedroute.tasks.housing import DATA_FILE_ENV, FEATURES, TARGET
+from fedroute.tasks.housing import DATA_FILE_ENV, EMBEDDED_TABLE, EMBEDDED_TABLE_SHA256, FEATURES, TARGET
 
 QUICK = HousingExperimentConfig.quick()
 FIGURES = ("figB4a", "figB4b", "figB4c")
-SHARED_TABLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "california_housing.csv.gz"
 NUM_ROWS = 600
 INTERCEPTS = np.array([2.0, 0.5])
 SLOPES = np.array([
@@ -144,7 +143,8 @@ def test_environment_variable_is_the_default_source(tmp_path, monkeypatch, quick
                                   pd.read_parquet(quick_out / "runs.parquet"), check_exact=True)
 
 
-def test_offline_real_loader_fails_with_a_clear_message(tmp_path, monkeypatch, capsys):
+def _offline(monkeypatch) -> None:
+    """The download host of fetch_california_housing unreachable (as on the reference machine)."""
     import sklearn.datasets
 
     def unreachable(*args, **kwargs):
@@ -152,16 +152,37 @@ def test_offline_real_loader_fails_with_a_clear_message(tmp_path, monkeypatch, c
 
     monkeypatch.delenv(DATA_FILE_ENV, raising=False)
     monkeypatch.setattr(sklearn.datasets, "fetch_california_housing", unreachable)
+
+
+def test_offline_quick_run_uses_the_embedded_real_table(tmp_path, monkeypatch):
+    """Offline and without --data-file, the run reads the table shipped with the package; on the real
+    table the quick sweep already shows the claims that hold for any seed (EXP3 keeps two models, Greedy
+    and FedCAM collapse at the largest R); the entrance and under-training claims need the full sweep's
+    T = 1000 and do not hold at T = 100."""
+    _offline(monkeypatch)
+    assert main(["reproduce", "housing", "--quick", "--out", str(tmp_path)]) == 0
+    config = json.loads((tmp_path / "housing" / "config.json").read_text())
+    assert config["data"] == {"source": "embedded copy (fetch_california_housing unreachable)",
+                              "data_file": str(EMBEDDED_TABLE), "rows": 20640, "sha256": EMBEDDED_TABLE_SHA256}
+    runs = pd.read_parquet(tmp_path / "housing" / "runs.parquet")
+    assert len(runs) == len(QUICK.methods) * len(QUICK.cells())
+    verdicts = {claim["claim"].split(":")[0]: claim["holds"]
+                for claim in json.loads((tmp_path / "housing" / "claims.json").read_text())}
+    assert verdicts == {
+        "EXP3 keeps two usable models across the sweep": True,
+        "Greedy IFCA collapses more as R grows": True,
+        "FedCAM collapses more as R grows": True,
+        "Every start is a collapsed entrance": False,
+        "T = 100 keeps under-training small": False,
+    }
+
+
+def test_offline_without_the_embedded_copy_fails_with_a_clear_message(tmp_path, monkeypatch, capsys):
+    from fedroute.tasks import housing
+
+    _offline(monkeypatch)
+    monkeypatch.setattr(housing, "EMBEDDED_TABLE", tmp_path / "absent.csv.gz")
     assert main(["reproduce", "housing", "--quick", "--out", str(tmp_path)]) == 1
     message = capsys.readouterr().err
     assert "cannot load California Housing" in message and DATA_FILE_ENV in message and "--data-file" in message
     assert not (tmp_path / "housing").exists()
-
-
-def test_quick_run_on_the_shared_real_table(tmp_path):
-    assert SHARED_TABLE.is_file(), f"the shared copy of the table is expected at {SHARED_TABLE} (../shared/data)"
-    assert main(["reproduce", "housing", "--quick", "--data-file", str(SHARED_TABLE), "--out", str(tmp_path)]) == 0
-    config = json.loads((tmp_path / "housing" / "config.json").read_text())
-    assert config["data"]["rows"] == 20640
-    runs = pd.read_parquet(tmp_path / "housing" / "runs.parquet")
-    assert len(runs) == len(QUICK.methods) * len(QUICK.cells())

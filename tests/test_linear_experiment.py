@@ -73,6 +73,21 @@ def test_cli_writes_every_file_with_the_right_columns(quick_out):
     assert config["representative_run"]["rerun_matches_sweep"] == {"greedy": True, "exp3": True, "fedcam": True}
 
 
+def test_quick_run_claims_that_must_hold(quick_out):
+    """Claims the small sweep cannot miss: Greedy and FedCAM fail at rho = 32 (certified basin for
+    nearly every start, E1) and not at rho = 0.5; EXP3's weights start equal, so block 0's mean
+    Greedy probability is exactly 1/2; the executed arms are draws from those probabilities."""
+    claims = json.loads((quick_out / "claims.json").read_text())
+    holds = {claim["claim"]: claim["holds"] for claim in claims}
+    for start in ("Greedy IFCA loses reliability", "FedCAM loses reliability", "E3: EXP3 starts near 0.5/0.5",
+                  "E3: executed selection fractions track"):
+        (verdict,) = [value for claim, value in holds.items() if claim.startswith(start)]
+        assert verdict is True, start
+    blocks = pd.read_parquet(quick_out / "blocks.parquet")
+    first = blocks[blocks["block"] == 0].set_index("controller")["probability"]
+    np.testing.assert_allclose(first.to_numpy(), 0.5, rtol=0, atol=1e-12)
+
+
 def test_runs_table_has_one_row_per_method_and_cell(runs):
     assert len(runs) == len(QUICK.methods) * len(QUICK.cells())
     assert not runs.duplicated(["method", "rho", "seed"]).any()

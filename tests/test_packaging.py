@@ -1,7 +1,9 @@
-"""A non-editable ``pip install .`` exposes every sub-package and the app components."""
+"""A non-editable ``pip install .`` exposes every sub-package, the app components and the
+California Housing table shipped for offline use."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -11,10 +13,15 @@ SUBPACKAGES = ("client", "strategies", "server", "simulation", "simulation.exper
 
 
 def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path) -> None:
+    # Build from a clean copy: a checkout's build/ and *.egg-info (left by earlier builds) would
+    # otherwise feed files into the wheel that the packaging configuration does not name.
+    source = tmp_path / "source"
+    shutil.copytree(repository, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", ".venv*", "results", "certificates", "__pycache__"))
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(repository)],
+         "--target", str(target), str(source)],
         check=True, capture_output=True, text=True, cwd=tmp_path,
     )
     assert not (target / "fedroute" / "tests").exists() and not (target / "fedroute" / "bench").exists()
@@ -34,6 +41,19 @@ client_module, client_attr = {components['clientapp']!r}.split(":")
 assert isinstance(getattr(importlib.import_module(server_module), server_attr), ServerApp)
 assert isinstance(getattr(importlib.import_module(client_module), client_attr), ClientApp)
 assert "torch" not in sys.modules, "the linear app must not import torch"
+# Offline, the default housing loader reads the table installed with the package.
+import hashlib, os
+import sklearn.datasets
+from fedroute.tasks import housing
+def unreachable(*args, **kwargs):
+    raise OSError("simulated: no network")
+sklearn.datasets.fetch_california_housing = unreachable
+os.environ.pop(housing.DATA_FILE_ENV, None)
+frame, path = housing.load_california_housing_from()
+assert str(path).startswith({str(target)!r}) and path == housing.EMBEDDED_TABLE, path
+assert frame.shape == (20640, 9), frame.shape
+assert hashlib.sha256(path.read_bytes()).hexdigest() == housing.EMBEDDED_TABLE_SHA256
+assert (path.parent / "README.md").is_file()
 print("ok")
 """
     completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,

@@ -33,6 +33,10 @@ def test_defaults_parse_to_three_methods(defaults: dict) -> None:
     ("key", "value", "named"),
     [
         ("method", "ifca", "'method'"),
+        ("method", "greedy,ifca", "'method'"),
+        ("method", "exp3,exp3", "'method'"),
+        ("method", "", "'method'"),
+        ("save-round-models", "yes", "'save-round-models'"),
         ("num-clusters", 0, "'num-clusters'"),
         ("exp3-exploration", 1.5, "'exp3-exploration'"),
         ("controllers", "gr,magic", "'controllers'"),
@@ -47,6 +51,14 @@ def test_defaults_parse_to_three_methods(defaults: dict) -> None:
 def test_bad_values_name_the_key(defaults: dict, key: str, value: object, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         parse_run_config({**defaults, key: value})
+
+
+def test_method_list_and_round_models_switch(defaults: dict) -> None:
+    settings = parse_run_config({**defaults, "method": "exp3, greedy"})
+    assert settings.methods == ("exp3", "greedy") and set(settings.routing) == {"exp3", "greedy"}
+    assert not settings.save_round_models
+    saving = parse_run_config({**defaults, "save-round-models": True})
+    assert saving.save_round_models and saving.run_digest == parse_run_config(defaults).run_digest  # output only
 
 
 def test_auto_and_zero_keep_method_defaults(defaults: dict) -> None:

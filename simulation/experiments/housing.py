@@ -22,10 +22,12 @@ draws; ``R`` only moves the start).  Methods: Greedy IFCA, EXP3 over
 the paper's quantity is ``pr_all_usable`` = Pr(K_T^eval = 2) (held-out, controller-free).
 
 Data: ``--data-file``, else ``$FEDROUTE_HOUSING_FILE``, else the real loader
-(``fetch_california_housing``, which fails offline with a message naming these
-options).  The chosen file is passed to every task as an absolute path (Ray
-workers do not depend on the working directory or the environment), and
-``config.json`` records the source, its row count and sha256.
+(``fetch_california_housing``; when its download host is unreachable, the copy
+shipped in the package, ``tasks/data/california_housing.csv.gz``, with a logged
+warning).  The chosen file is passed to every task as an absolute path (Ray
+workers do not depend on the working directory or the environment, and retry
+no download), and ``config.json`` records the source, the file, its row count
+and sha256.
 
 Outputs of ``fedroute reproduce housing [--data-file F] --out OUT`` in ``OUT/housing/``:
 ``runs``, ``summary``, ``collapse_cells`` (``.parquet`` and ``.csv``),
@@ -72,7 +74,7 @@ from fedroute.simulation.experiments.common import (
 from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.sweep import SweepSpec, run_sweep
 from fedroute.strategies.methods import TASK_CONTROLLERS, method_settings
-from fedroute.tasks.housing import DATA_FILE_ENV, HousingTask, load_california_housing
+from fedroute.tasks.housing import DATA_FILE_ENV, HousingTask, load_california_housing_from
 
 __all__ = [
     "HousingExperimentConfig",
@@ -92,6 +94,8 @@ __all__ = [
 
 KEEP_LEVEL = 0.8
 """EXP3 "keeps two usable models": Pr(K_T^eval = 2) at least this at every R."""
+EMBEDDED_SOURCE = "embedded copy"
+"""``config.json`` source of the table shipped in the package."""
 
 
 @dataclass(frozen=True)
@@ -208,12 +212,17 @@ def describe_data(data_file: Optional[str], source: str) -> dict[str, Any]:
     """Load the table once (fails early, with the loader's message) and describe it for ``config.json``.
 
     ``data_file`` None means the real loader (call :func:`resolve_data_file` first: with
-    ``$FEDROUTE_HOUSING_FILE`` set, :func:`load_california_housing` would read that file).
+    ``$FEDROUTE_HOUSING_FILE`` set, :func:`load_california_housing` would read that file); when
+    its download host is unreachable, the embedded copy is read and ``data_file`` in the
+    result names it (so that the sweep's tasks read that file instead of retrying the download).
     """
-    frame = load_california_housing(data_file)
-    facts: dict[str, Any] = {"source": source, "data_file": data_file, "rows": int(len(frame))}
-    if data_file:
-        facts["sha256"] = hashlib.sha256(Path(data_file).read_bytes()).hexdigest()
+    frame, path = load_california_housing_from(data_file)
+    if data_file is None and path is not None:
+        source = f"{EMBEDDED_SOURCE} (fetch_california_housing unreachable)"
+    facts: dict[str, Any] = {"source": source, "data_file": None if path is None else str(path),
+                             "rows": int(len(frame))}
+    if path is not None:
+        facts["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     return facts
 
 
@@ -299,6 +308,7 @@ def run_housing(config: Optional[HousingExperimentConfig] = None, data_file: Opt
     config = HousingExperimentConfig() if config is None else config
     data_file, source = resolve_data_file(data_file)
     data = describe_data(data_file, source) if data is None else data
+    data_file = data["data_file"]  # the embedded copy when the download host was unreachable
     specs = [METHOD_SPECS[method](config, data_file) for method in config.methods]
     table = run_sweep(specs, config.cells(), chunk_size=config.chunk_size, workers=workers,
                       ray_address=ray_address, progress=progress)
@@ -363,9 +373,9 @@ def housing_claims(results: HousingResults, config: HousingExperimentConfig) -> 
             "greedy_collapse_cells": n_cells,
             "distinct_seeds_among_them": sorted(int(x) for x in cells["seed"].unique()),
             "exp3_two_usable_on_greedy_collapse_cells": int((cells["exp3_usable_models"] == K).sum())
-            if n_cells else 0,
+            if n_cells and "exp3" in methods else None,
             "exp3_minus_greedy_routed_test_loss_on_greedy_collapse_cells": number(
-                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells else None,
+                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells and "exp3" in methods else None,
             "notes": notes,
         },
         "holds": bool(len(exp3) and (exp3["pr_all_usable"] >= KEEP_LEVEL).all()) if "exp3" in methods else None,
