@@ -82,12 +82,18 @@ def evaluated_models(strategy: ClusteredRouting, task: Any) -> list[dict[str, np
     return strategy.cluster_models
 
 
-def _keep_round_models(store: dict[int, list[np.ndarray]]) -> Callable[[int, ArrayRecord], None]:
-    """An ``evaluate_fn`` for ``Strategy.start`` that appends each evaluated model, flat, to ``store[round]``
-    (called per cluster, in cluster order, at round 0 and after every round; FedCAM: the combined models)."""
+def _keep_round_models(store: dict[int, list[np.ndarray]], strategy: ClusteredRouting,
+                       task: Any) -> Callable[[int, ArrayRecord], None]:
+    """An ``evaluate_fn`` for ``Strategy.start`` that keeps, per server round, the models the run reports
+    (:func:`evaluated_models`: the cluster models; FedCAM's combined predictors in the additive form), flat.
+
+    ``Strategy.start`` calls it once per cluster at round 0 and after every round; the first call of a
+    round takes all ``K`` models.
+    """
 
     def keep(server_round: int, arrays: ArrayRecord) -> None:
-        store.setdefault(server_round, []).append(protocol.flatten_arrays(arrays_of(arrays)))
+        if server_round not in store:
+            store[server_round] = [protocol.flatten_arrays(model) for model in evaluated_models(strategy, task)]
 
     return keep
 
@@ -103,7 +109,8 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     initial = settings.task.initial_models(routing.num_clusters)
     started = time.monotonic()
     strategy.start(grid, [array_record({"weights": model}) for model in initial], num_rounds=settings.num_rounds,
-                   evaluate_fn=None if round_models is None else _keep_round_models(round_models))
+                   evaluate_fn=None if round_models is None else _keep_round_models(round_models, strategy,
+                                                                                       settings.task))
     wall = time.monotonic() - started
     final = np.stack([protocol.flatten_arrays(model) for model in evaluated_models(strategy, settings.task)])
     evaluation = strategy.final_evaluation
