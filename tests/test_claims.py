@@ -33,7 +33,7 @@ from fedroute.simulation.experiments.common import (
     round_zero_by_radius,
 )
 from fedroute.simulation.experiments.fig1 import fig1_claims
-from fedroute.simulation.experiments.gmm import GMMExperimentConfig, GMMResults, gmm_claims
+from fedroute.simulation.experiments.gmm import GMMExperimentConfig, GMMResults, gmm_claims, summarise_init_draws
 from fedroute.simulation.experiments.housing import HousingExperimentConfig, HousingResults, housing_claims
 from fedroute.simulation.experiments.linear import (
     SUMMARY_COLUMNS as LINEAR_SUMMARY_COLUMNS,
@@ -291,6 +291,8 @@ def _gmm_tables(mutate_rows: Callable[[list[dict[str, Any]]], None] = lambda row
     tables = _radius_results(_radius_runs(rows), 3, 3, methods)
     tables["convergence"] = {"max_excess": 0.004, "median_excess": 0.002, "min_cross_group_gap": 0.5,
                              "rounds": GMM_CONFIG.rounds, "oracle_long_fit_seeds": []}
+    tables["init_draws"] = summarise_init_draws(
+        GMM_CONFIG.entrance, {f"{r:g}": [1, 3][:GMM_CONFIG.seeds_per_radius] for r in GMM_CONFIG.radii})
     return tables
 
 

@@ -301,12 +301,18 @@ ENTRANCE_TEXT = {
 
 def init_draws(config: GMMExperimentConfig) -> dict[str, Any]:
     """The init draws each cell's start took (:meth:`GMMTask.initial_draw`), per R and overall."""
-    draws = {f"{r:g}": [] for r in config.radii}
+    draws: dict[str, list[int]] = {f"{r:g}": [] for r in config.radii}
     for cell in config.cells():
         task = make_gmm_task(cell, **config.task_settings())
         draws[f"{cell['radius']:g}"].append(task.initial_draw(config.num_clusters)[1])
+    return summarise_init_draws(config.entrance, draws)
+
+
+def summarise_init_draws(entrance: str, draws: dict[str, list[int]]) -> dict[str, Any]:
+    """``config.json``'s ``init_draws``: the draws per R (``"<R>" → [draws per seed]``), their
+    min/median/max per R, and the total, mean and maximum over all cells."""
     every = np.concatenate([np.asarray(v) for v in draws.values()])
-    return {"entrance": config.entrance, "by_R": draws,
+    return {"entrance": entrance, "by_R": draws,
             "summary_by_R": {r: {"min": int(np.min(v)), "median": float(np.median(v)), "max": int(np.max(v))}
                              for r, v in draws.items()},
             "total": int(every.sum()), "mean": number(every.mean()), "max": int(every.max())}
