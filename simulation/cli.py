@@ -73,12 +73,16 @@ def _run_config_items(items: list[str]) -> dict:
 def _checked_overrides(args: argparse.Namespace) -> Optional[dict]:
     """The run-config overrides of ``flower`` / ``deploy local``, checked before anything starts (None: invalid,
     reported)."""
-    from fedroute.server.launcher import resolve_run_config
+    from fedroute.server.launcher import app_config_defaults, resolve_run_config
 
     try:
         overrides = _run_config_items(args.run_config)
-        overrides.setdefault("num-clients", args.supernodes)
-        overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+        keys = app_config_defaults(args.app_dir)
+        # fedroute's app (or one with the same keys): one client per SuperNode, results where asked.
+        if "num-clients" in keys:
+            overrides.setdefault("num-clients", args.supernodes)
+        if "results-dir" in keys:
+            overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
         resolve_run_config(args.app_dir, overrides)
     except ValueError as error:
         print(f"fedroute: {error}", file=sys.stderr)
@@ -100,7 +104,8 @@ def _flower(args: argparse.Namespace) -> int:
 
     if (overrides := _checked_overrides(args)) is None:
         return 2
-    result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True)
+    result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True,
+                            ray_address=args.ray_address)
     return 0 if result.completed else _failure("Flower", result)
 
 
@@ -170,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is stopped")
     flower.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
                         help="run-config overrides, e.g. method=exp3 num-server-rounds=50")
+    flower.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the simulation on this existing Ray cluster (its head's address, as `ray start "
+                             "--head` prints it) instead of a private local Ray (docs/performance.md)")
     flower.set_defaults(handler=_flower)
 
     deploy = commands.add_parser("deploy", help="run the Flower app on real SuperLink/SuperNode processes")
