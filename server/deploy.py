@@ -45,6 +45,7 @@ from fedroute.server.launcher import (
     _flwr_executable,
     _free_port,
     _run_status,
+    app_config_defaults,
     echo_line,
     format_run_config,
     quiet_environment,
@@ -340,7 +341,7 @@ class LocalFederation:
     def run(self, run_config: Mapping[str, Any], timeout: float = 1800.0, stream: bool = False) -> DeploymentRun:
         """``flwr run <app> fedroute-local --stream --run-config ...``; status from ``flwr ls``.
 
-        ``num-clients`` defaults to the number of SuperNodes.  A run still going
+        ``num-clients`` defaults to the number of SuperNodes (for an app that has that key).  A run still going
         after ``timeout`` seconds is stopped (``flwr stop``).  An invalid run
         config raises ``ValueError`` before ``flwr run`` starts
         (:func:`~fedroute.server.launcher.resolve_run_config`).
@@ -348,7 +349,8 @@ class LocalFederation:
         if self._superlink is None:
             raise RuntimeError("the federation is not started (use it as a context manager)")
         values = dict(run_config)
-        values.setdefault("num-clients", self.num_supernodes)
+        if "num-clients" in app_config_defaults(self.app_dir):  # fedroute's app: one client per SuperNode
+            values.setdefault("num-clients", self.num_supernodes)
         resolve_run_config(self.app_dir, values)
         command = [self._flwr, "run", str(self.app_dir), CONNECTION, "--stream"]
         if values:
