@@ -491,7 +491,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
 
     from fedroute import protocol
     from fedroute.strategies.aggregation import hard_update
-    from fedroute.strategies.records import arrays_of, pack_cluster_models, unpack_cluster_models
+    from fedroute.strategies.records import array_record, arrays_of
     from fedroute.strategies.validation import validate_train_reply
 
     sys.path.insert(0, str(EXAMPLE))
@@ -508,14 +508,15 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
             return list(range(100, 100 + num_clients))
 
     lines = [f"**Server side of one round, {num_clients} replies (CPU ms, min of 5 × 10 calls)**", "",
-             "| K | `_messages` (K models × nodes) | pack + unpack (every round) | validate replies "
-             "| flatten replies | `hard_update` (`np.add.at`) | one-hot matmul instead | `aggregate_train` total |",
+             "| K | `_messages` (records shared by the nodes) | encode the K models (once per round) "
+             "| validate replies | flatten replies | `hard_update` (segment sums) | one-hot matmul (not used) "
+             "| `aggregate_train` total |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ks:
         strategy = ClusteredRouting(method_settings("exp3", "characters", num_clusters=k),
                                     min_available_nodes=num_clients)
         strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
-        messages = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), Nodes())
+        messages = strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), Nodes())
         replies = [Message(content=RecordDict({
             protocol.MODEL: ArrayRecord(make_model(50 + i).state_dict()),
             protocol.METRICS: MetricRecord({protocol.CLUSTER: i % k, protocol.NUM_EXAMPLES: 96, protocol.CLIENT_ID: i,
@@ -536,7 +537,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
 
         parts = [
             cpu_ms(lambda: strategy._messages(Nodes().get_node_ids(), "train", {})),
-            cpu_ms(lambda: unpack_cluster_models(pack_cluster_models(strategy.cluster_models), k)),
+            cpu_ms(lambda: [array_record(model) for model in strategy.cluster_models]),
             cpu_ms(lambda: [validate_train_reply(reply.content, k, template) for reply in replies]),
             cpu_ms(lambda: np.stack([protocol.flatten_arrays(reply.model) for reply in valid])),
             cpu_ms(lambda: hard_update(current, flat, routes, weights)),
@@ -629,10 +630,12 @@ def main(argv: Optional[list[str]] = None) -> None:
                 sections.append(simulation_table(
                     rows, f"Flower simulation, {num_clients} clients, {sampled} per round ({fraction:.0%}), "
                           f"{epochs} local epoch(s); {rounds} measured rounds per run, runs interleaved"))
+                print(sections[-1], "\n", file=sys.stderr, flush=True)
             for num_supernodes in args.deployment:
                 sections.append(run_deployment(app, results, num_supernodes, args.deployment_ks,
                                                args.deployment_rounds, args.warmup, args.deployment_repeat,
                                                args.timeout))
+                print(sections[-1], "\n", file=sys.stderr, flush=True)
         finally:
             if args.keep is None:
                 shutil.rmtree(work, ignore_errors=True)
