@@ -548,6 +548,38 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
     return "\n".join(lines)
 
 
+# ======================================================================= ClientApp imports
+IMPORT_STEPS = [
+    ("Flower's ClientApp API and numpy (every ClientApp)", "import numpy, flwr.app, flwr.clientapp"),
+    ("fedroute's built-in ClientApp (`fedroute.client.app`)", "import fedroute.client.app"),
+    ("the linear task it builds for a message", "from fedroute.tasks.registry import task_from_config; "
+                                                 "task_from_config({'task': 'linear'})"),
+    ("torch (a user's model)", "import torch"),
+    ("fedroute's plugin (`from fedroute import routing_train`)", "from fedroute import routing_train"),
+    ("the example's data (`sklearn.datasets`)", "import sklearn.datasets"),
+]
+
+
+def import_times(repeat: int = 5) -> str:
+    """Wall ms of each import step in fresh processes, one after the other (median of ``repeat`` processes)."""
+    import subprocess
+
+    script = ("import time, json\nmarks = []\n" + "".join(
+        f"start = time.perf_counter()\n{code}\nmarks.append(time.perf_counter() - start)\n"
+        for _, code in IMPORT_STEPS) + "print(json.dumps(marks))\n")
+    samples = []
+    for _ in range(repeat):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              cwd=tempfile.gettempdir())
+        samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    lines = [f"**Imports of a fresh ClientApp process, in this order (wall ms, median of {repeat} processes; "
+             f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)**", "",
+             "| step | ms |", "|---|---:|"]
+    for index, (label, _) in enumerate(IMPORT_STEPS):
+        lines.append(f"| {label} | {1000 * statistics.median(sample[index] for sample in samples):.0f} |")
+    return "\n".join(lines)
+
+
 # ================================================================================ driver
 def write_docs(path: Path, text: str) -> None:
     """Replace what lies between the ``bench-table`` markers of ``path``."""
@@ -647,6 +679,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         sections.append(in_process_table(rows, args.clients, args.in_process_rounds, args.longer_epochs))
     if not args.skip_breakdown:
         sections.append(server_breakdown(args.ks, args.clients))
+        sections.append(import_times())
     text = "\n\n".join(sections)
     print(text)
     if args.docs:
