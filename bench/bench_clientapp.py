@@ -12,7 +12,9 @@ Every reply carries ``bench-*`` metrics: the handler's CPU time and that of
 ``loss_fn`` and ``train_fn`` (with call counts), and wall-clock instants
 (seconds since the epoch) of the ClientApp process's start, the handler's
 start, the end of its imports and its end, plus the ``created_at`` of the
-message it answers, so that a deployment round can be split into its phases.
+message it answers, so that a deployment round can be split into its phases,
+and the process's CPU time at the end (in deployment: everything one message
+cost its ClientApp process, start-up and imports included).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def client_train(message: Message, context: Context) -> Message:
     metrics["bench-imported"] = wall_imported
     metrics["bench-received-created"] = float(message.metadata.created_at)
     metrics["bench-handler-end"] = time.time()
+    metrics["bench-process-cpu"] = time.process_time()  # deployment: this process's whole CPU time so far
     return reply
 
 

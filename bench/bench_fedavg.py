@@ -324,10 +324,13 @@ def deployment_phases(runs: list[dict[str, Any]], warmup: int) -> dict[str, floa
     the app, pulling the message), *handler imports* (torch, the user's code,
     fedroute's plugin for routing), *handler work* (data, ``loss_fn``,
     routing, ``train_fn``, the reply); per round: *last reply → ServerApp*
-    (the reply's push and the ServerApp's 3 s poll).
+    (the reply's push and the ServerApp's 3 s poll); and the CPU time of a
+    ClientApp process per message (start-up and imports included), which does
+    not depend on how busy the machine is.
     """
     keep = slice(warmup, None)
-    parts: dict[str, list[float]] = {"pickup": [], "startup": [], "imports": [], "work": [], "delivery": []}
+    parts: dict[str, list[float]] = {"pickup": [], "startup": [], "imports": [], "work": [], "delivery": [],
+                                     "cpu": []}
     for run in runs:
         for timings, created, seen in zip(run["client_timings"][keep], run["replies_created_at"][keep],
                                           run["replies_seen_at"][keep]):
@@ -336,6 +339,7 @@ def deployment_phases(runs: list[dict[str, Any]], warmup: int) -> dict[str, floa
                 parts["startup"].append(timing["bench-handler-start"] - timing["bench-process-start"])
                 parts["imports"].append(timing["bench-imported"] - timing["bench-handler-start"])
                 parts["work"].append(timing["bench-handler-end"] - timing["bench-imported"])
+                parts["cpu"].append(timing["bench-process-cpu"])
             if created:
                 parts["delivery"].append(seen - max(created))
     return {name: statistics.fmean(values) if values else float("nan") for name, values in parts.items()}
@@ -348,8 +352,9 @@ def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
         f"**{title}**", "",
         "| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of means) | × FedAvg per pair (median; range) "
         "| wait for pickup s | process start → handler s | handler imports s | handler work s "
-        "| last reply → ServerApp s | strategy s / round | MiB sent / round |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| last reply → ServerApp s | strategy s / round | ClientApp process CPU s / message (× FedAvg) "
+        "| client CPU ms: handler | MiB sent / round |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         phases = row["phases"]
@@ -357,7 +362,9 @@ def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
             f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.2f}; "
             f"{row['median_seconds']:.2f} | {row['seconds'] / baseline['seconds']:.2f} | {pair_ratios(row, baseline)} "
             f"| {phases['pickup']:.2f} | {phases['startup']:.2f} | {phases['imports']:.2f} | {phases['work']:.3f} "
-            f"| {phases['delivery']:.2f} | {row['strategy_seconds']:.3f} | {row['mib_down']:.2f} |")
+            f"| {phases['delivery']:.2f} | {row['strategy_seconds']:.3f} "
+            f"| {phases['cpu']:.2f} ({phases['cpu'] / baseline['phases']['cpu']:.2f}) | {row['handler_ms']:.0f} "
+            f"| {row['mib_down']:.2f} |")
     lines += ["", _per_run_line(rows)]
     return "\n".join(lines)
 
