@@ -292,22 +292,31 @@ def _per_run_line(rows: list[dict[str, Any]]) -> str:
             f"{os.cpu_count()} CPUs. Rejected replies: {sum(row['rejected'] for row in rows)}.")
 
 
+_ROUND_COLUMNS = ("| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of means) "
+                  "| × FedAvg per pair (median; range) ")
+
+
+def _round_cells(row: dict[str, Any], baseline: dict[str, Any], digits: int = 3) -> str:
+    """The cells under :data:`_ROUND_COLUMNS`: round times and their ratios to the baseline."""
+    return (f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.{digits}f}; "
+            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline['seconds']:.2f} | {pair_ratios(row, baseline)} ")
+
+
+def _table_head(title: str, more_columns: str) -> list[str]:
+    """Title, header (:data:`_ROUND_COLUMNS` then ``more_columns``) and alignment row of a table."""
+    header = _ROUND_COLUMNS + more_columns
+    return [f"**{title}**", "", header, "|---" + "|---:" * (header.count("|") - 2) + "|"]
+
+
 def simulation_table(rows: list[dict[str, Any]], title: str) -> str:
     """Markdown table of summarised configurations (the first row is the FedAvg baseline)."""
     baseline = rows[0]
-    lines = [
-        f"**{title}**", "",
-        "| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of means) | × FedAvg per pair (median; range) "
-        "| strategy s / round | simulation-process CPU s / round "
-        "| client CPU ms: handler | loss_fn (calls) | train_fn (calls) | MiB sent / round | MiB received / round "
-        "| peak RSS MiB (growth) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines = _table_head(title, "| strategy s / round | simulation-process CPU s / round | client CPU ms: handler "
+                               "| loss_fn (calls) | train_fn (calls) | MiB sent / round | MiB received / round "
+                               "| peak RSS MiB (growth) |")
     for row in rows:
         lines.append(
-            f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.3f}; "
-            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline['seconds']:.2f} | {pair_ratios(row, baseline)} "
-            f"| {row['strategy_seconds']:.3f} | {row['process_cpu_seconds']:.3f} | {row['handler_ms']:.1f} "
+            _round_cells(row, baseline) + f"| {row['strategy_seconds']:.3f} | {row['process_cpu_seconds']:.3f} | {row['handler_ms']:.1f} "
             f"| {row['loss_ms']:.1f} ({row['loss_calls']:.0f}) | {row['train_ms']:.1f} ({row['train_calls']:.2f}) "
             f"| {row['mib_down']:.2f} | {row['mib_up']:.2f} | {row['rss_mib']:.0f} ({row['rss_growth_mib']:+.0f}) |")
     lines += ["", _per_run_line(rows)]
@@ -348,20 +357,14 @@ def deployment_phases(runs: list[dict[str, Any]], warmup: int) -> dict[str, floa
 def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
     """Round times and their phases (:func:`deployment_phases`), FedAvg first."""
     baseline = rows[0]
-    lines = [
-        f"**{title}**", "",
-        "| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of means) | × FedAvg per pair (median; range) "
-        "| wait for pickup s | process start → handler s | handler imports s | handler work s "
-        "| last reply → ServerApp s | strategy s / round | ClientApp process CPU s / message (× FedAvg) "
-        "| client CPU ms: handler | MiB sent / round |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lines = _table_head(title, "| wait for pickup s | process start → handler s | handler imports s "
+                               "| handler work s | last reply → ServerApp s | strategy s / round "
+                               "| ClientApp process CPU s / message (× FedAvg) | client CPU ms: handler "
+                               "| MiB sent / round |")
     for row in rows:
         phases = row["phases"]
         lines.append(
-            f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.2f}; "
-            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline['seconds']:.2f} | {pair_ratios(row, baseline)} "
-            f"| {phases['pickup']:.2f} | {phases['startup']:.2f} | {phases['imports']:.2f} | {phases['work']:.3f} "
+            _round_cells(row, baseline, digits=2) + f"| {phases['pickup']:.2f} | {phases['startup']:.2f} | {phases['imports']:.2f} | {phases['work']:.3f} "
             f"| {phases['delivery']:.2f} | {row['strategy_seconds']:.3f} "
             f"| {phases['cpu']:.2f} ({phases['cpu'] / baseline['phases']['cpu']:.2f}) | {row['handler_ms']:.0f} "
             f"| {row['mib_down']:.2f} |")
