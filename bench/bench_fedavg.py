@@ -359,7 +359,7 @@ def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
     baseline = rows[0]
     lines = _table_head(title, "| wait for pickup s | process start → handler s | handler imports s "
                                "| handler work s | last reply → ServerApp s | strategy s / round "
-                               "| ClientApp process CPU s / message (× FedAvg) | client CPU ms: handler "
+                               "| ClientApp process CPU s / message (× FedAvg) | handler CPU ms (its imports included) "
                                "| MiB sent / round |")
     for row in rows:
         phases = row["phases"]
