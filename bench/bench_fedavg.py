@@ -379,8 +379,9 @@ def run_deployment(app: Path, results: Path, num_supernodes: int, ks: list[int],
 
     configurations = [("fedavg", 1)] + [("routing", k) for k in ks]
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}
+    # In-memory SuperLink state: its SQLite database can lose a push under load ("database is locked").
     with LocalFederation(app, num_supernodes, log_dir=results / f"deploy-{num_supernodes}-logs",
-                         log_level="WARNING") as federation:
+                         log_level="WARNING", persistent_superlink=False) as federation:
         for repetition in range(repeat):
             for strategy, num_clusters in configurations:  # interleaved: a busy spell hits all alike
                 path = results / f"deploy-{strategy}-k{num_clusters}-n{num_supernodes}-{time.time_ns()}.json"
