@@ -373,7 +373,7 @@ def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
 
 
 def run_deployment(app: Path, results: Path, num_supernodes: int, ks: list[int], rounds: int, warmup: int,
-                   repeat: int, timeout: float) -> str:
+                   repeat: int, timeout: float) -> list[dict[str, Any]]:
     """FedAvg and ClusteredRouting (each ``K``) in turn on one native deployment of ``num_supernodes``."""
     from fedroute.server.deploy import LocalFederation
 
@@ -403,9 +403,7 @@ def run_deployment(app: Path, results: Path, num_supernodes: int, ks: list[int],
         row = summarise(measured[configuration], warmup)
         row["phases"] = deployment_phases(measured[configuration], warmup)
         rows.append(row)
-    return deployment_table(rows, f"Native deployment (flower-superlink + {num_supernodes} flower-supernode "
-                                  f"processes on 127.0.0.1), 1 local epoch; {rounds} measured rounds per run, "
-                                  "runs interleaved")
+    return rows
 
 
 # ====================================================================== in-process compute
@@ -602,8 +600,9 @@ def write_docs(path: Path, text: str) -> None:
     path.write_text(f"{head}{TABLE_BEGIN}\n{text}\n{TABLE_END}{tail}")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    """The sizes, rounds and repeats of :func:`measure` (added to ``parser`` if given)."""
+    parser = parser or argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=12, help="clients of the small population (all train)")
     parser.add_argument("--rounds", type=int, default=10, help="measured rounds per run (small population)")
     parser.add_argument("--warmup", type=int, default=1, help="rounds dropped from the start of every run")
@@ -632,11 +631,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--deployment-rounds", type=int, default=4, help="measured rounds per deployment run")
     parser.add_argument("--deployment-repeat", type=int, default=3, help="interleaved runs per configuration")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per flwr run")
-    parser.add_argument("--docs", type=Path, help="markdown file whose bench-table section is rewritten")
     parser.add_argument("--keep", type=Path, help="directory for the raw per-run measurements (JSON)")
-    args = parser.parse_args(argv)
+    return parser
 
-    sections = []
+
+def measure(args: argparse.Namespace) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """Every measurement ``args`` asks for: the markdown sections, and the summarised rows of each
+    comparison (``"simulation-<clients>-<epochs>"``, ``"deployment-<supernodes>"``; FedAvg first)."""
+    sections: list[str] = []
+    rows_of: dict[str, list[dict[str, Any]]] = {}
     if not args.skip_simulation:
         work = Path(tempfile.mkdtemp(prefix="fedroute-bench-"))
         results = args.keep or work / "results"
@@ -669,15 +672,20 @@ def main(argv: Optional[list[str]] = None) -> None:
                               f"(run {time.monotonic() - begin:.0f} s, load {run['load_average']:.1f})",
                               file=sys.stderr, flush=True)
                 rows = [summarise(measured[c], args.warmup) for c in configurations]
+                rows_of[f"simulation-{num_clients}-{epochs}"] = rows
                 sampled = int(rows[0]["clients_per_round"])
                 sections.append(simulation_table(
                     rows, f"Flower simulation, {num_clients} clients, {sampled} per round ({fraction:.0%}), "
                           f"{epochs} local epoch(s); {rounds} measured rounds per run, runs interleaved"))
                 print(sections[-1], "\n", file=sys.stderr, flush=True)
             for num_supernodes in args.deployment:
-                sections.append(run_deployment(app, results, num_supernodes, args.deployment_ks,
-                                               args.deployment_rounds, args.warmup, args.deployment_repeat,
-                                               args.timeout))
+                rows = run_deployment(app, results, num_supernodes, args.deployment_ks, args.deployment_rounds,
+                                      args.warmup, args.deployment_repeat, args.timeout)
+                rows_of[f"deployment-{num_supernodes}"] = rows
+                sections.append(deployment_table(
+                    rows, f"Native deployment (flower-superlink + {num_supernodes} flower-supernode processes on "
+                          f"127.0.0.1), 1 local epoch; {args.deployment_rounds} measured rounds per run, "
+                          "runs interleaved"))
                 print(sections[-1], "\n", file=sys.stderr, flush=True)
         finally:
             if args.keep is None:
@@ -691,7 +699,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not args.skip_breakdown:
         sections.append(server_breakdown(args.ks, args.clients))
         sections.append(import_times())
-    text = "\n\n".join(sections)
+    return sections, rows_of
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = build_parser()
+    parser.add_argument("--docs", type=Path, help="markdown file whose bench-table section is rewritten "
+                                                  "(bench/run_all.py --write regenerates all of docs/performance.md's)")
+    args = parser.parse_args(argv)
+    text = "\n\n".join(measure(args)[0])
     print(text)
     if args.docs:
         write_docs(args.docs, text)
