@@ -33,7 +33,6 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-import bench_fedavg
 import bench_reproduce
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -113,6 +112,8 @@ def targets_table(rows_of: dict[str, list[dict[str, Any]]], reproduced: Optional
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import bench_fedavg  # Flower, fedroute and the example's ServerApp: only when measuring
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_fedavg.build_parser(parser)
     parser.add_argument("--reproduce-repeats", type=int, default=2,
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    import bench_fedavg
+
     arguments = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(arguments)
     if args.write is not None and not args.write.is_file():
