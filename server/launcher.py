@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 __all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment",
-           "resolve_run_config", "app_config_defaults", "echo_line", "FEDROUTE_SERVERAPP"]
+           "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP"]
 
 FEDROUTE_SERVERAPP = "fedroute.server.app:app"
 """The ServerApp component whose run config :func:`resolve_run_config` validates in full."""
@@ -164,6 +164,29 @@ def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> di
 
         parse_run_config(resolved)
     return resolved
+
+
+def check_ray_address(address: str, timeout: float = 10.0) -> str:
+    """``address`` (``HOST:PORT`` of a Ray head, as ``ray start --head`` prints it) once something listens there.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--ray-address``: for another form, a port outside 1–65535, or
+        nothing accepting connections at that address within ``timeout`` seconds
+        (checked before a run starts, rather than failing inside the simulation).
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--ray-address {address!r} is invalid; allowed: HOST:PORT of a running Ray head "
+                         "(as `ray start --head` prints it; port 1–65535)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ValueError(f"--ray-address {address!r}: no Ray head accepts connections there ({error}); start one "
+                         "with `ray start --head --port PORT` or give its address") from None
+    return address
 
 
 def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None) -> dict[str, str]:

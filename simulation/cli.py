@@ -99,10 +99,23 @@ def _failure(kind: str, result) -> int:
     return 1
 
 
+def _reachable_ray_address(args: argparse.Namespace) -> bool:
+    """``--ray-address`` absent, or a Ray head listens there (else the reason is printed)."""
+    from fedroute.server.launcher import check_ray_address
+
+    try:
+        if args.ray_address is not None:
+            check_ray_address(args.ray_address)
+    except ValueError as error:
+        print(f"fedroute: {error}", file=sys.stderr)
+        return False
+    return True
+
+
 def _flower(args: argparse.Namespace) -> int:
     from fedroute.server.launcher import run_flower_app
 
-    if (overrides := _checked_overrides(args)) is None:
+    if (overrides := _checked_overrides(args)) is None or not _reachable_ray_address(args):
         return 2
     result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True,
                             ray_address=args.ray_address)
@@ -156,6 +169,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     if named_config(args) not in allowed:
         print(f"fedroute reproduce {args.experiment}: --config {named_config(args)!r} is invalid; allowed: "
               f"{', '.join(allowed)}", file=sys.stderr)
+        return 2
+    if not _reachable_ray_address(args):
         return 2
     return REPRODUCE_COMMANDS[args.experiment](args)
 

@@ -148,3 +148,25 @@ def test_a_quick_sweep_on_the_cluster_equals_the_sweep_in_process(ray_cluster: s
     assert {path.name for path in tables} >= {"runs.parquet", "summary.parquet"}
     for table in tables:
         pd.testing.assert_frame_equal(pd.read_parquet(table), pd.read_parquet(tmp_path / "local" / "linear" / table.name))
+
+
+@pytest.mark.parametrize("address", ["6379", "head-node", "127.0.0.1:0", "127.0.0.1:70000", ":6379"])
+def test_a_malformed_ray_address_is_rejected_before_anything_starts(address: str, repository: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    for command in (["flower", "--app-dir", str(repository), "--supernodes", "2"], ["reproduce", "linear", "--quick"]):
+        assert fedroute_main([*command, "--ray-address", address]) == 2
+        error = capsys.readouterr().err
+        assert f"--ray-address {address!r} is invalid" in error and "HOST:PORT" in error and "1–65535" in error
+
+
+def test_a_ray_address_where_nothing_listens_is_rejected_before_anything_starts(
+        repository: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    address = f"127.0.0.1:{_free_port()}"  # free: nothing listens there
+    started = time.monotonic()
+    assert fedroute_main(["flower", "--app-dir", str(repository), "--supernodes", "2", "--results-dir",
+                          str(tmp_path), "--ray-address", address]) == 2
+    assert "no Ray head accepts connections there" in capsys.readouterr().err
+    assert fedroute_main(["reproduce", "linear", "--quick", "--out", str(tmp_path), "--ray-address", address]) == 2
+    assert "no Ray head accepts connections there" in capsys.readouterr().err
+    assert time.monotonic() - started < 20  # no Flower run, no sweep
+    assert list(tmp_path.iterdir()) == []
