@@ -1,8 +1,9 @@
 """What clustered routing costs: Flower's FedAvg against ClusteredRouting (K = 2, 4, 8), side by side.
 
-Run: ``python bench/bench_fedavg.py [--docs docs/performance.md]`` (≈ 30 minutes on 2 cores; see
-``--help`` for sizes, rounds and repeats, e.g. ``--skip-large --repeat 1 --headline-repeat 0``
-for a quick look).
+Run: ``python bench/bench_fedavg.py [--docs FILE]`` (≈ 1.5 h on 2 loaded cores with the defaults; see
+``--help`` for sizes, rounds and repeats, e.g. ``--skip-large --deployment --repeat 1 --headline-repeat 0``
+for a quick look).  ``bench/run_all.py --write docs/performance.md`` runs it together with
+``bench/bench_reproduce.py`` and writes the targets table too.
 
 Both sides use the same Flower app, built by this script in a temporary
 directory from this file and the example's user code
