@@ -1,8 +1,9 @@
 """What clustered routing costs: Flower's FedAvg against ClusteredRouting (K = 2, 4, 8), side by side.
 
-Run: ``python bench/bench_fedavg.py [--docs docs/performance.md]`` (≈ 30 minutes on 2 cores; see
-``--help`` for sizes, rounds and repeats, e.g. ``--skip-large --repeat 1 --headline-repeat 0``
-for a quick look).
+Run: ``python bench/bench_fedavg.py [--docs FILE]`` (≈ 1.5 h on 2 loaded cores with the defaults; see
+``--help`` for sizes, rounds and repeats, e.g. ``--skip-large --deployment --repeat 1 --headline-repeat 0``
+for a quick look).  ``bench/run_all.py --write docs/performance.md`` runs it together with
+``bench/bench_reproduce.py`` and writes the targets table too.
 
 Both sides use the same Flower app, built by this script in a temporary
 directory from this file and the example's user code
@@ -52,11 +53,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings, routing_train
+from bench_clientapp import client_app, client_evaluate, client_train  # noqa: F401  (client_app: the app's)
+from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXAMPLE = REPOSITORY / "examples" / "digits_cnn"
@@ -78,7 +79,6 @@ LABELS = {"fedavg": "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round 
 
 # ================================================================================ the app
 server_app = ServerApp()
-client_app = ClientApp()
 
 
 def _array_bytes(content: RecordDict) -> int:
@@ -97,6 +97,9 @@ class _Timing:
         self.bytes_up: list[int] = []
         self.num_messages: list[int] = []
         self.client_timings: list[list[dict[str, float]]] = []
+        self.sent_at: list[float] = []
+        self.replies_seen_at: list[float] = []
+        self.replies_created_at: list[list[float]] = []
 
     def _mark(self) -> float:
         now = time.perf_counter()
@@ -111,11 +114,14 @@ class _Timing:
         self.strategy_seconds.append(time.perf_counter() - started)
         self.bytes_down.append(sum(_array_bytes(message.content) for message in messages))
         self.num_messages.append(len(messages))
+        self.sent_at.append(time.time())
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> Any:
+        self.replies_seen_at.append(time.time())
         replies = list(replies)
         good = [reply for reply in replies if not reply.has_error()]
+        self.replies_created_at.append([float(reply.metadata.created_at) for reply in good])
         self.bytes_up.append(sum(_array_bytes(reply.content) for reply in good))
         self.client_timings.append([
             {key: float(value) for key, value in reply.content["metrics"].items() if key.startswith("bench-")}
@@ -185,78 +191,14 @@ def server_main(grid: Grid, context: Context) -> None:
         "bytes_up": strategy.bytes_up,
         "num_messages": strategy.num_messages,
         "client_timings": strategy.client_timings,
+        "sent_at": strategy.sent_at,
+        "replies_seen_at": strategy.replies_seen_at,
+        "replies_created_at": strategy.replies_created_at,
         "max_rss_mib_at_start": rss_at_start,
         "max_rss_mib": _max_rss_mib(),
         "rejected": len(getattr(strategy, "rejected", [])),
     }
     Path(str(config["results-path"])).write_text(json.dumps(results))
-
-
-def _client_data(context: Context) -> Any:
-    from digits_app.task import client_data
-
-    return client_data(int(context.node_config["partition-id"]), int(context.run_config["samples-per-client"]))
-
-
-def _timed(function: Callable[..., Any], spent: dict[str, float], key: str) -> Callable[..., Any]:
-    """``function`` that adds its CPU time to ``spent[key]`` and counts its calls."""
-    def timed(*args: Any) -> Any:
-        begin = time.thread_time()
-        try:
-            return function(*args)
-        finally:
-            spent[key] += time.thread_time() - begin
-            spent[f"{key}-calls"] += 1
-    return timed
-
-
-@client_app.train()
-def client_train(message: Message, context: Context) -> Message:
-    """The same local training under both strategies; CPU timings travel back as ``bench-*`` metrics."""
-    started = time.thread_time()
-    import torch
-
-    from digits_app.task import DigitsCNN, mean_loss, train
-
-    torch.set_num_threads(1)
-    data, config = _client_data(context), context.run_config
-    server_round = int(message.content["config"]["server-round"])
-    shuffle_seed = int(config["seed"]) * 1_000_003 + int(context.node_config["partition-id"]) * 1_009 + server_round
-    spent = {"loss": 0.0, "train": 0.0, "loss-calls": 0.0, "train-calls": 0.0}
-
-    def train_fn(model: torch.nn.Module) -> None:
-        train(model, data.train, epochs=int(config["local-epochs"]), batch_size=int(config["batch-size"]),
-              learning_rate=float(config["learning-rate"]), seed=shuffle_seed)
-
-    train_fn = _timed(train_fn, spent, "train")
-    loss_fn = _timed(lambda model: mean_loss(model, data.train), spent, "loss")
-    if "arrays" in message.content.array_records:  # FedAvg: the usual Flower handler
-        model = DigitsCNN()
-        model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-        train_fn(model)
-        reply = Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                                            "metrics": MetricRecord({"num-examples": len(data.train)})}),
-                        reply_to=message)
-    else:  # clustered routing: one call
-        reply = routing_train(message, context, DigitsCNN(), train_fn, loss_fn, num_examples=len(data.train))
-    metrics = reply.content["metrics"]
-    for key, value in spent.items():
-        metrics[f"bench-{key}"] = value
-    metrics["bench-handler"] = time.thread_time() - started
-    return reply
-
-
-@client_app.evaluate()
-def client_evaluate(message: Message, context: Context) -> Message:
-    """FedAvg's per-round federated evaluation (Flower's default ``fraction_evaluate = 1``): held-out loss."""
-    from digits_app.task import DigitsCNN, mean_loss
-
-    data = _client_data(context)
-    model = DigitsCNN()
-    model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-    return Message(content=RecordDict({"metrics": MetricRecord({"num-examples": len(data.test),
-                                                                "eval-loss": mean_loss(model, data.test)})}),
-                   reply_to=message)
 
 
 # ================================================================ flower simulation runs
@@ -265,13 +207,14 @@ def build_app(directory: Path) -> Path:
     app = directory / "bench_app"
     app.mkdir(parents=True)
     shutil.copy(Path(__file__), app / "bench_fedavg.py")
+    shutil.copy(Path(__file__).with_name("bench_clientapp.py"), app / "bench_clientapp.py")
     shutil.copytree(EXAMPLE / "digits_app", app / "digits_app", ignore=shutil.ignore_patterns("__pycache__"))
     config = "\n".join(f"{key} = {json.dumps(value)}" for key, value in APP_CONFIG.items())
     (app / "pyproject.toml").write_text(
         '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
         '[project]\nname = "fedroute-bench"\nversion = "1.0.0"\nlicense = "Apache-2.0"\ndependencies = []\n\n'
         '[tool.flwr.app]\npublisher = "fedroute"\n\n'
-        '[tool.flwr.app.components]\nserverapp = "bench_fedavg:server_app"\nclientapp = "bench_fedavg:client_app"\n\n'
+        '[tool.flwr.app.components]\nserverapp = "bench_fedavg:server_app"\nclientapp = "bench_clientapp:client_app"\n\n'
         f"[tool.flwr.app.config]\n{config}\n")
     return app
 
@@ -328,34 +271,140 @@ def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "rounds": len(pooled("round_seconds")),
         "runs": len(runs),
         "load": max(run["load_average"] for run in runs),
+        "min_load": min(run["load_average"] for run in runs),
         "rejected": sum(run["rejected"] for run in runs),
     }
 
 
-def simulation_table(rows: list[dict[str, Any]], title: str) -> str:
-    """Markdown table of summarised configurations (the first row is the FedAvg baseline)."""
-    baseline = rows[0]["seconds"]
-    lines = [
-        f"**{title}**", "",
-        "| strategy | runs × rounds | s / round (mean; median) | × FedAvg | strategy s / round "
-        "| simulation-process CPU s / round "
-        "| client CPU ms: handler | loss_fn (calls) | train_fn (calls) | MiB sent / round | MiB received / round "
-        "| peak RSS MiB (growth) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.3f}; "
-            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline:.2f} "
-            f"| {row['strategy_seconds']:.3f} | {row['process_cpu_seconds']:.3f} | {row['handler_ms']:.1f} "
-            f"| {row['loss_ms']:.1f} ({row['loss_calls']:.0f}) | {row['train_ms']:.1f} ({row['train_calls']:.2f}) "
-            f"| {row['mib_down']:.2f} | {row['mib_up']:.2f} | {row['rss_mib']:.0f} ({row['rss_growth_mib']:+.0f}) |")
+def pair_ratios(row: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """``median (min–max)`` of the per-pair ratios: run ``i`` of ``row`` over run ``i`` of the baseline
+    (interleaved runs: the pairs ran next to each other)."""
+    ratios = [a / b for a, b in zip(row["seconds_per_run"], baseline["seconds_per_run"])]
+    if len(ratios) == 1:
+        return f"{ratios[0]:.2f}"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
+def _per_run_line(rows: list[dict[str, Any]]) -> str:
     per_run = "; ".join(f"{row['label'].split(' (')[0]} " + "/".join(f"{v:.3f}" for v in row["seconds_per_run"])
                         for row in rows)
-    lines += ["", f"Mean s / round of each run: {per_run}. Highest 1-minute load average at a run's start: "
-                  f"{max(row['load'] for row in rows):.1f} on {os.cpu_count()} CPUs. Rejected replies: "
-                  f"{sum(row['rejected'] for row in rows)}."]
+    return (f"Mean s / round of each run: {per_run}. 1-minute load average at the runs' starts: "
+            f"{min(row['min_load'] for row in rows):.1f}–{max(row['load'] for row in rows):.1f} on "
+            f"{os.cpu_count()} CPUs. Rejected replies: {sum(row['rejected'] for row in rows)}.")
+
+
+_ROUND_COLUMNS = ("| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of means) "
+                  "| × FedAvg per pair (median; range) ")
+
+
+def _round_cells(row: dict[str, Any], baseline: dict[str, Any], digits: int = 3) -> str:
+    """The cells under :data:`_ROUND_COLUMNS`: round times and their ratios to the baseline."""
+    return (f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.{digits}f}; "
+            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline['seconds']:.2f} | {pair_ratios(row, baseline)} ")
+
+
+def _table_head(title: str, more_columns: str) -> list[str]:
+    """Title, header (:data:`_ROUND_COLUMNS` then ``more_columns``) and alignment row of a table."""
+    header = _ROUND_COLUMNS + more_columns
+    return [f"**{title}**", "", header, "|---" + "|---:" * (header.count("|") - 2) + "|"]
+
+
+def simulation_table(rows: list[dict[str, Any]], title: str) -> str:
+    """Markdown table of summarised configurations (the first row is the FedAvg baseline)."""
+    baseline = rows[0]
+    lines = _table_head(title, "| strategy s / round | simulation-process CPU s / round | client CPU ms: handler "
+                               "| loss_fn (calls) | train_fn (calls) | MiB sent / round | MiB received / round "
+                               "| peak RSS MiB (growth) |")
+    for row in rows:
+        lines.append(
+            _round_cells(row, baseline) + f"| {row['strategy_seconds']:.3f} | {row['process_cpu_seconds']:.3f} | {row['handler_ms']:.1f} "
+            f"| {row['loss_ms']:.1f} ({row['loss_calls']:.0f}) | {row['train_ms']:.1f} ({row['train_calls']:.2f}) "
+            f"| {row['mib_down']:.2f} | {row['mib_up']:.2f} | {row['rss_mib']:.0f} ({row['rss_growth_mib']:+.0f}) |")
+    lines += ["", _per_run_line(rows)]
     return "\n".join(lines)
+
+
+# ============================================================ native deployment, side by side
+def deployment_phases(runs: list[dict[str, Any]], warmup: int) -> dict[str, float]:
+    """Mean seconds per round of each phase of a deployment round (wall clock, one machine).
+
+    Per client message: *wait for pickup* (the server created the message → the
+    ClientApp process started: the SuperNode's 3 s poll, the SuperExec's poll,
+    the spawn), *process start* (→ the handler runs: Python, Flower, loading
+    the app, pulling the message), *handler imports* (torch, the user's code,
+    fedroute's plugin for routing), *handler work* (data, ``loss_fn``,
+    routing, ``train_fn``, the reply); per round: *last reply → ServerApp*
+    (the reply's push and the ServerApp's 3 s poll); and the CPU time of a
+    ClientApp process per message (start-up and imports included), which does
+    not depend on how busy the machine is.
+    """
+    keep = slice(warmup, None)
+    parts: dict[str, list[float]] = {"pickup": [], "startup": [], "imports": [], "work": [], "delivery": [],
+                                     "cpu": []}
+    for run in runs:
+        for timings, created, seen in zip(run["client_timings"][keep], run["replies_created_at"][keep],
+                                          run["replies_seen_at"][keep]):
+            for timing in timings:
+                parts["pickup"].append(timing["bench-process-start"] - timing["bench-received-created"])
+                parts["startup"].append(timing["bench-handler-start"] - timing["bench-process-start"])
+                parts["imports"].append(timing["bench-imported"] - timing["bench-handler-start"])
+                parts["work"].append(timing["bench-handler-end"] - timing["bench-imported"])
+                parts["cpu"].append(timing["bench-process-cpu"])
+            if created:
+                parts["delivery"].append(seen - max(created))
+    return {name: statistics.fmean(values) if values else float("nan") for name, values in parts.items()}
+
+
+def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
+    """Round times and their phases (:func:`deployment_phases`), FedAvg first."""
+    baseline = rows[0]
+    lines = _table_head(title, "| wait for pickup s | process start → handler s | handler imports s "
+                               "| handler work s | last reply → ServerApp s | strategy s / round "
+                               "| ClientApp process CPU s / message (× FedAvg) | handler CPU ms (its imports included) "
+                               "| MiB sent / round |")
+    for row in rows:
+        phases = row["phases"]
+        lines.append(
+            _round_cells(row, baseline, digits=2) + f"| {phases['pickup']:.2f} | {phases['startup']:.2f} | {phases['imports']:.2f} | {phases['work']:.3f} "
+            f"| {phases['delivery']:.2f} | {row['strategy_seconds']:.3f} "
+            f"| {phases['cpu']:.2f} ({phases['cpu'] / baseline['phases']['cpu']:.2f}) | {row['handler_ms']:.0f} "
+            f"| {row['mib_down']:.2f} |")
+    lines += ["", _per_run_line(rows)]
+    return "\n".join(lines)
+
+
+def run_deployment(app: Path, results: Path, num_supernodes: int, ks: list[int], rounds: int, warmup: int,
+                   repeat: int, timeout: float) -> list[dict[str, Any]]:
+    """FedAvg and ClusteredRouting (each ``K``) in turn on one native deployment of ``num_supernodes``."""
+    from fedroute.server.deploy import LocalFederation
+
+    configurations = [("fedavg", 1)] + [("routing", k) for k in ks]
+    measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}
+    # In-memory SuperLink state: its SQLite database can lose a push under load ("database is locked").
+    with LocalFederation(app, num_supernodes, log_dir=results / f"deploy-{num_supernodes}-logs",
+                         log_level="WARNING", persistent_superlink=False) as federation:
+        for repetition in range(repeat):
+            for strategy, num_clusters in configurations:  # interleaved: a busy spell hits all alike
+                path = results / f"deploy-{strategy}-k{num_clusters}-n{num_supernodes}-{time.time_ns()}.json"
+                load_average = os.getloadavg()[0]
+                run = federation.run({"strategy": strategy, "num-clusters": num_clusters,
+                                      "num-server-rounds": rounds + warmup, "fraction-train": 1.0,
+                                      "min-nodes": num_supernodes, "results-path": str(path)}, timeout=timeout)
+                if not run.completed or not path.exists():
+                    raise RuntimeError(f"deployment {strategy} K={num_clusters} n={num_supernodes}: {run.status}\n"
+                                       f"{run.stdout[-3000:]}")
+                result = json.loads(path.read_text())
+                result.update(wall_seconds=run.wall_seconds, load_average=load_average)
+                measured[(strategy, num_clusters)].append(result)
+                print(f"[deployment {repetition + 1}] {strategy} K={num_clusters}, {num_supernodes} SuperNodes: "
+                      f"{statistics.fmean(result['round_seconds'][warmup:]):.2f} s/round "
+                      f"(run {run.wall_seconds:.0f} s, load {load_average:.1f})", file=sys.stderr, flush=True)
+    rows = []
+    for configuration in configurations:
+        row = summarise(measured[configuration], warmup)
+        row["phases"] = deployment_phases(measured[configuration], warmup)
+        rows.append(row)
+    return rows
 
 
 # ====================================================================== in-process compute
@@ -452,7 +501,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
 
     from fedroute import protocol
     from fedroute.strategies.aggregation import hard_update
-    from fedroute.strategies.records import arrays_of, pack_cluster_models, unpack_cluster_models
+    from fedroute.strategies.records import array_record, arrays_of
     from fedroute.strategies.validation import validate_train_reply
 
     sys.path.insert(0, str(EXAMPLE))
@@ -469,14 +518,15 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
             return list(range(100, 100 + num_clients))
 
     lines = [f"**Server side of one round, {num_clients} replies (CPU ms, min of 5 × 10 calls)**", "",
-             "| K | `_messages` (K models × nodes) | pack + unpack (every round) | validate replies "
-             "| flatten replies | `hard_update` (`np.add.at`) | one-hot matmul instead | `aggregate_train` total |",
+             "| K | `_messages` (records shared by the nodes) | encode the K models (once per round) "
+             "| validate replies | flatten replies | `hard_update` (segment sums) | one-hot matmul (not used) "
+             "| `aggregate_train` total |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ks:
         strategy = ClusteredRouting(method_settings("exp3", "characters", num_clusters=k),
                                     min_available_nodes=num_clients)
         strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
-        messages = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), Nodes())
+        messages = strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), Nodes())
         replies = [Message(content=RecordDict({
             protocol.MODEL: ArrayRecord(make_model(50 + i).state_dict()),
             protocol.METRICS: MetricRecord({protocol.CLUSTER: i % k, protocol.NUM_EXAMPLES: 96, protocol.CLIENT_ID: i,
@@ -497,7 +547,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
 
         parts = [
             cpu_ms(lambda: strategy._messages(Nodes().get_node_ids(), "train", {})),
-            cpu_ms(lambda: unpack_cluster_models(pack_cluster_models(strategy.cluster_models), k)),
+            cpu_ms(lambda: [array_record(model) for model in strategy.cluster_models]),
             cpu_ms(lambda: [validate_train_reply(reply.content, k, template) for reply in replies]),
             cpu_ms(lambda: np.stack([protocol.flatten_arrays(reply.model) for reply in valid])),
             cpu_ms(lambda: hard_update(current, flat, routes, weights)),
@@ -505,6 +555,38 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
             cpu_ms(lambda: strategy.aggregate_train(2, replies), number=3),
         ]
         lines.append(f"| {k} | " + " | ".join(f"{part:.1f}" for part in parts) + " |")
+    return "\n".join(lines)
+
+
+# ======================================================================= ClientApp imports
+IMPORT_STEPS = [
+    ("Flower's ClientApp API and numpy (every ClientApp)", "import numpy, flwr.app, flwr.clientapp"),
+    ("fedroute's built-in ClientApp (`fedroute.client.app`)", "import fedroute.client.app"),
+    ("the linear task it builds for a message", "from fedroute.tasks.registry import task_from_config; "
+                                                 "task_from_config({'task': 'linear'})"),
+    ("torch (a user's model)", "import torch"),
+    ("fedroute's plugin (`from fedroute import routing_train`)", "from fedroute import routing_train"),
+    ("the example's data (`sklearn.datasets`)", "import sklearn.datasets"),
+]
+
+
+def import_times(repeat: int = 5) -> str:
+    """Wall ms of each import step in fresh processes, one after the other (median of ``repeat`` processes)."""
+    import subprocess
+
+    script = ("import time, json\nmarks = []\n" + "".join(
+        f"start = time.perf_counter()\n{code}\nmarks.append(time.perf_counter() - start)\n"
+        for _, code in IMPORT_STEPS) + "print(json.dumps(marks))\n")
+    samples = []
+    for _ in range(repeat):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              cwd=tempfile.gettempdir())
+        samples.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    lines = [f"**Imports of a fresh ClientApp process, in this order (wall ms, median of {repeat} processes; "
+             f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)**", "",
+             "| step | ms |", "|---|---:|"]
+    for index, (label, _) in enumerate(IMPORT_STEPS):
+        lines.append(f"| {label} | {1000 * statistics.median(sample[index] for sample in samples):.0f} |")
     return "\n".join(lines)
 
 
@@ -519,8 +601,9 @@ def write_docs(path: Path, text: str) -> None:
     path.write_text(f"{head}{TABLE_BEGIN}\n{text}\n{TABLE_END}{tail}")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    """The sizes, rounds and repeats of :func:`measure` (added to ``parser`` if given)."""
+    parser = parser or argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=12, help="clients of the small population (all train)")
     parser.add_argument("--rounds", type=int, default=10, help="measured rounds per run (small population)")
     parser.add_argument("--warmup", type=int, default=1, help="rounds dropped from the start of every run")
@@ -536,25 +619,37 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--large-fraction", type=float, default=0.05)
     parser.add_argument("--large-rounds", type=int, default=3, help="measured rounds per run (large population)")
     parser.add_argument("--large-ks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--skip-small", action="store_true", help="skip the Flower simulations of --clients clients")
     parser.add_argument("--skip-large", action="store_true")
-    parser.add_argument("--skip-simulation", action="store_true", help="only the in-process measurements")
+    parser.add_argument("--skip-simulation", action="store_true",
+                        help="no Flower runs (simulation or deployment): only the in-process measurements")
     parser.add_argument("--skip-in-process", action="store_true", help="no in-process compute measurement")
     parser.add_argument("--in-process-rounds", type=int, default=20)
     parser.add_argument("--skip-breakdown", action="store_true", help="skip the server-side breakdown")
+    parser.add_argument("--deployment", type=int, nargs="*", default=[3, 10], metavar="N",
+                        help="native deployments to measure (SuperNodes each; none: skip)")
+    parser.add_argument("--deployment-ks", type=int, nargs="+", default=[2])
+    parser.add_argument("--deployment-rounds", type=int, default=4, help="measured rounds per deployment run")
+    parser.add_argument("--deployment-repeat", type=int, default=3, help="interleaved runs per configuration")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per flwr run")
-    parser.add_argument("--docs", type=Path, help="markdown file whose bench-table section is rewritten")
     parser.add_argument("--keep", type=Path, help="directory for the raw per-run measurements (JSON)")
-    args = parser.parse_args(argv)
+    return parser
 
-    sections = []
+
+def measure(args: argparse.Namespace) -> tuple[list[str], dict[str, list[dict[str, Any]]]]:
+    """Every measurement ``args`` asks for: the markdown sections, and the summarised rows of each
+    comparison (``"simulation-<clients>-<epochs>"``, ``"deployment-<supernodes>"``; FedAvg first)."""
+    sections: list[str] = []
+    rows_of: dict[str, list[dict[str, Any]]] = {}
     if not args.skip_simulation:
         work = Path(tempfile.mkdtemp(prefix="fedroute-bench-"))
         results = args.keep or work / "results"
         results.mkdir(parents=True, exist_ok=True)
         app = build_app(work)
-        populations = [(args.clients, 1.0, args.rounds, 1,
-                        ["fedavg"] + (["fedavg-evaluate"] if args.with_evaluate else []), args.ks)]
-        if args.longer_epochs:
+        populations = [] if args.skip_small else [(args.clients, 1.0, args.rounds, 1,
+                                                    ["fedavg"] + (["fedavg-evaluate"] if args.with_evaluate else []),
+                                                    args.ks)]
+        if args.longer_epochs and not args.skip_small:
             populations.append((args.clients, 1.0, args.rounds, args.longer_epochs, ["fedavg"], [2]))
         if not args.skip_large:
             populations.append((args.large_clients, args.large_fraction, args.large_rounds, 1, ["fedavg"],
@@ -578,10 +673,21 @@ def main(argv: Optional[list[str]] = None) -> None:
                               f"(run {time.monotonic() - begin:.0f} s, load {run['load_average']:.1f})",
                               file=sys.stderr, flush=True)
                 rows = [summarise(measured[c], args.warmup) for c in configurations]
+                rows_of[f"simulation-{num_clients}-{epochs}"] = rows
                 sampled = int(rows[0]["clients_per_round"])
                 sections.append(simulation_table(
                     rows, f"Flower simulation, {num_clients} clients, {sampled} per round ({fraction:.0%}), "
                           f"{epochs} local epoch(s); {rounds} measured rounds per run, runs interleaved"))
+                print(sections[-1], "\n", file=sys.stderr, flush=True)
+            for num_supernodes in args.deployment:
+                rows = run_deployment(app, results, num_supernodes, args.deployment_ks, args.deployment_rounds,
+                                      args.warmup, args.deployment_repeat, args.timeout)
+                rows_of[f"deployment-{num_supernodes}"] = rows
+                sections.append(deployment_table(
+                    rows, f"Native deployment (flower-superlink + {num_supernodes} flower-supernode processes on "
+                          f"127.0.0.1), 1 local epoch; {args.deployment_rounds} measured rounds per run, "
+                          "runs interleaved"))
+                print(sections[-1], "\n", file=sys.stderr, flush=True)
         finally:
             if args.keep is None:
                 shutil.rmtree(work, ignore_errors=True)
@@ -593,7 +699,16 @@ def main(argv: Optional[list[str]] = None) -> None:
         sections.append(in_process_table(rows, args.clients, args.in_process_rounds, args.longer_epochs))
     if not args.skip_breakdown:
         sections.append(server_breakdown(args.ks, args.clients))
-    text = "\n\n".join(sections)
+        sections.append(import_times())
+    return sections, rows_of
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = build_parser()
+    parser.add_argument("--docs", type=Path, help="markdown file whose bench-table section is rewritten "
+                                                  "(bench/run_all.py --write regenerates all of docs/performance.md's)")
+    args = parser.parse_args(argv)
+    text = "\n\n".join(measure(args)[0])
     print(text)
     if args.docs:
         write_docs(args.docs, text)

@@ -1,6 +1,7 @@
 """Wall time of whole ``fedroute reproduce`` commands, side by side, against the issue's targets.
 
-Run: ``python bench/bench_reproduce.py [--repeats N] [--characters] [--keep DIR]``.
+Run: ``python bench/bench_reproduce.py [--repeats N] [--characters] [--keep DIR]`` (``bench/run_all.py``
+runs it with the other measurements of ``docs/performance.md``).
 
 Targets (issue 13, 2-core reference machine): E5 (``reproduce gmm``) at most twice E2
 (``reproduce linear``), and the full E4 grid (``reproduce characters``) at most 5 minutes.
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 E5_OVER_E2_TARGET = 2.0
 E4_TARGET_SECONDS = 300.0
@@ -43,33 +45,56 @@ def timed_reproduce(experiment: str, out: Path, *extra: str) -> tuple[float, flo
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def measure(repeats: int = 2, characters: bool = False, out: Optional[Path] = None) -> dict[str, Any]:
+    """E2 and E5 alternating ``repeats`` times and, with ``characters``, the full E4 grid once.
+
+    Returns ``{"walls": {experiment: [s, ...]}, "cpus": {...}, "loads": [1-minute load before each run]}``.
+    """
+    walls: dict[str, list[float]] = {"linear": [], "gmm": []}
+    cpus: dict[str, list[float]] = {"linear": [], "gmm": []}
+    loads: list[float] = []
+    plan = [experiment for _ in range(repeats) for experiment in ("linear", "gmm")] + (["characters"] * characters)
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, experiment in enumerate(plan, 1):
+            before = _load()
+            loads.append(os.getloadavg()[0])
+            wall, cpu = timed_reproduce(experiment, Path(out or scratch))
+            walls.setdefault(experiment, []).append(wall)
+            cpus.setdefault(experiment, []).append(cpu)
+            print(f"[{index}/{len(plan)}] reproduce {experiment:<10} wall {wall:7.1f} s  cpu {cpu:6.1f} s  "
+                  f"(load before {before}, after {_load()})", file=sys.stderr, flush=True)
+    return {"walls": walls, "cpus": cpus, "loads": loads}
+
+
+def reproduce_table(measured: dict[str, Any]) -> str:
+    """Markdown: each ``fedroute reproduce`` command's wall and CPU seconds (median over its runs)."""
+    labels = {"linear": "E2 + E3 (`reproduce linear`)", "gmm": "E5 (`reproduce gmm`)",
+              "characters": "E4 full grid (`reproduce characters`)"}
+    loads = measured["loads"]
+    lines = [f"**Paper reproductions, each command in a fresh process (median of its runs; E2 and E5 "
+             f"alternating; 1-minute load average {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs)**",
+             "", "| command | runs | wall s | CPU s (process tree) |", "|---|---:|---:|---:|"]
+    for experiment, walls in measured["walls"].items():
+        if walls:
+            lines.append(f"| {labels[experiment]} | {len(walls)} | {statistics.median(walls):.1f} "
+                         f"| {statistics.median(measured['cpus'][experiment]):.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2, help="alternating E2/E5 pairs (default 2)")
     parser.add_argument("--characters", action="store_true", help="also time the full E4 grid once (≈ 5 min)")
     parser.add_argument("--keep", default=None, help="write the outputs here instead of a temporary directory")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(args.keep or scratch)
-        walls: dict[str, list[float]] = {"linear": [], "gmm": []}
-        cpus: dict[str, list[float]] = {"linear": [], "gmm": []}
-        for repeat in range(args.repeats):
-            for experiment in ("linear", "gmm"):
-                before = _load()
-                wall, cpu = timed_reproduce(experiment, out)
-                walls[experiment].append(wall)
-                cpus[experiment].append(cpu)
-                print(f"[{repeat + 1}/{args.repeats}] reproduce {experiment:<6} wall {wall:7.1f} s  cpu {cpu:6.1f} s  "
-                      f"(load before {before}, after {_load()})", flush=True)
-        for label, times in (("wall", walls), ("cpu", cpus)):
-            e2, e5 = statistics.median(times["linear"]), statistics.median(times["gmm"])
-            print(f"{label}: E2 (reproduce linear) median {e2:.1f} s; E5 (reproduce gmm) median {e5:.1f} s; "
-                  f"E5 / E2 = {e5 / e2:.2f}  (target <= {E5_OVER_E2_TARGET:g})")
-        if args.characters:
-            before = _load()
-            wall, cpu = timed_reproduce("characters", out)
-            print(f"E4 (reproduce characters, full grid) wall {wall:.1f} s, cpu {cpu:.1f} s  (target <= "
-                  f"{E4_TARGET_SECONDS:g} s; load before {before}, after {_load()})")
+    measured = measure(args.repeats, args.characters, Path(args.keep) if args.keep else None)
+    print(reproduce_table(measured))
+    walls, cpus = measured["walls"], measured["cpus"]
+    for label, times in (("wall", walls), ("cpu", cpus)):
+        e2, e5 = statistics.median(times["linear"]), statistics.median(times["gmm"])
+        print(f"{label}: E5 / E2 = {e5 / e2:.2f}  (target <= {E5_OVER_E2_TARGET:g})")
+    if args.characters:
+        print(f"E4 full grid wall {walls['characters'][0]:.1f} s (target <= {E4_TARGET_SECONDS:g} s)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A client's controller state across rounds: ``Context.state``, and optionally a file.
 
-States are stored per completed round (``<run-key>@<t>``) and the latest two
-are kept.  Round ``t`` always starts from the newest state of a round before
+States are stored per completed round (``<run-key>@<t>``, a ConfigRecord of
+flat lists: a few small vectors, cheaper to store and read than arrays) and the
+latest two are kept.  Round ``t`` always starts from the newest state of a round before
 ``t``, so a round the server sends again (after the server side restarted
 from a checkpoint) is replayed from the same state and gives the same result.
 With a state directory (node config ``state-dir``, or run config
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context
+from flwr.app import ConfigRecord, Context
 
 from fedroute import protocol
 from fedroute.atomic_files import atomic_write
@@ -85,6 +86,16 @@ def _write_file(path: Path, states: dict[int, dict[str, np.ndarray]]) -> None:
         f"{round_index}/{field}": value for round_index, arrays in states.items() for field, value in arrays.items()}))
 
 
+def _arrays_of_record(record: ConfigRecord, template: AgentState) -> dict[str, np.ndarray]:
+    """The state arrays stored in ``record`` (:func:`save_agent_state`), shaped and typed as ``template``'s;
+    ``{}`` if they do not fit (e.g. a changed controller set)."""
+    try:
+        return {name: np.asarray(record[name], dtype=value.dtype).reshape(value.shape)
+                for name, value in template.to_arrays().items()}
+    except (KeyError, ValueError, TypeError):
+        return {}
+
+
 def load_agent_state(
     context: Context, run_key: str, settings: RoutingSettings, round_index: int,
     client_id: int, directory: Optional[Path] = None,
@@ -96,9 +107,9 @@ def load_agent_state(
     """
     in_context = {t: key for t, key in _rounds_in_context(context, run_key).items() if t < round_index}
     arrays = None
+    template = AgentState.initial(1, settings)
     if in_context:
-        key = in_context[max(in_context)]
-        arrays = {name: array.numpy() for name, array in context.state[key].items()}
+        arrays = _arrays_of_record(context.state[in_context[max(in_context)]], template)
     elif directory is not None:
         on_disk = {t: state for t, state in _read_file(_file(directory, run_key, client_id)).items() if t < round_index}
         if on_disk:
@@ -106,7 +117,7 @@ def load_agent_state(
     if arrays is not None:
         try:
             state = AgentState.from_arrays(arrays)
-            fresh = AgentState.initial(1, settings).to_arrays()
+            fresh = template.to_arrays()
             fits = all(value.shape == fresh[name].shape and value.dtype.kind == fresh[name].dtype.kind
                        for name, value in state.to_arrays().items())
         except (KeyError, ValueError, TypeError, IndexError):
@@ -126,8 +137,8 @@ def save_agent_state(
 ) -> None:
     """Store the state after round ``round_index``; keep the newest two rounds."""
     arrays = state.to_arrays()
-    context.state[f"{protocol.STATE_PREFIX}{run_key}@{round_index}"] = ArrayRecord(
-        {name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    context.state[f"{protocol.STATE_PREFIX}{run_key}@{round_index}"] = ConfigRecord(
+        {name: value.ravel().tolist() for name, value in arrays.items()})
     stored = _rounds_in_context(context, run_key)
     kept = sorted(t for t in stored if t <= round_index)[-KEPT_ROUNDS:]
     for t, key in stored.items():

@@ -45,6 +45,7 @@ from fedroute.server.launcher import (
     _flwr_executable,
     _free_port,
     _run_status,
+    app_config_defaults,
     echo_line,
     format_run_config,
     quiet_environment,
@@ -171,6 +172,12 @@ class LocalFederation:
         before its ClientApp starts but costs ≈ 0.05 CPU cores per SuperNode while idle.
     startup_timeout : float
         Seconds to wait for the SuperLink and the SuperNodes to come up.
+    persistent_superlink : bool, default True
+        ``False``: the SuperLink keeps its state in memory (Flower's default; no
+        :meth:`restart_superlink`).  Under heavy load with many SuperNodes the
+        SQLite database can answer a SuperNode's push with "database is locked",
+        and the lost reply stalls its round until the round timeout (seen with
+        10 SuperNodes on 2 CPUs at load ≈ 20); the benchmark uses ``False``.
     """
 
     def __init__(
@@ -186,6 +193,7 @@ class LocalFederation:
         log_level: str = "INFO",
         superexec_poll_interval: Optional[float] = None,
         startup_timeout: float = 60.0,
+        persistent_superlink: bool = True,
     ) -> None:
         if int(num_supernodes) != num_supernodes or num_supernodes < 1:
             raise ValueError(f"num_supernodes = {num_supernodes} is invalid; allowed: an integer ≥ 1")
@@ -199,6 +207,7 @@ class LocalFederation:
         self.log_dir = Path(log_dir).resolve() if log_dir else self.flwr_home / "logs"
         self.log_level = log_level
         self.superexec_poll_interval = superexec_poll_interval
+        self.persistent_superlink = persistent_superlink
         self.startup_timeout = startup_timeout
         self.port: Optional[int] = None
         self.certificates: Optional[CertificateFiles] = None
@@ -295,7 +304,9 @@ class LocalFederation:
 
     def _start_superlink(self) -> None:
         command = [self._script("flower-superlink"), "--disable-runtime-dependency-installation",
-                   "--host", "127.0.0.1", "--port", str(self.port), "--database", str(self.superlink_database)]
+                   "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.persistent_superlink:
+            command += ["--database", str(self.superlink_database)]
         if self.certificates is not None:
             command += ["--ssl-certfile", str(self.certificates.cert), "--ssl-keyfile",
                         str(self.certificates.key), "--ssl-ca-certfile", str(self.certificates.ca)]
@@ -340,7 +351,7 @@ class LocalFederation:
     def run(self, run_config: Mapping[str, Any], timeout: float = 1800.0, stream: bool = False) -> DeploymentRun:
         """``flwr run <app> fedroute-local --stream --run-config ...``; status from ``flwr ls``.
 
-        ``num-clients`` defaults to the number of SuperNodes.  A run still going
+        ``num-clients`` defaults to the number of SuperNodes (for an app that has that key).  A run still going
         after ``timeout`` seconds is stopped (``flwr stop``).  An invalid run
         config raises ``ValueError`` before ``flwr run`` starts
         (:func:`~fedroute.server.launcher.resolve_run_config`).
@@ -348,7 +359,8 @@ class LocalFederation:
         if self._superlink is None:
             raise RuntimeError("the federation is not started (use it as a context manager)")
         values = dict(run_config)
-        values.setdefault("num-clients", self.num_supernodes)
+        if "num-clients" in app_config_defaults(self.app_dir):  # fedroute's app: one client per SuperNode
+            values.setdefault("num-clients", self.num_supernodes)
         resolve_run_config(self.app_dir, values)
         command = [self._flwr, "run", str(self.app_dir), CONNECTION, "--stream"]
         if values:
@@ -497,6 +509,9 @@ class LocalFederation:
         """
         if self.superlink_pid() is not None:
             raise RuntimeError("the SuperLink is still running; kill it first")
+        if not self.persistent_superlink:
+            raise RuntimeError("this federation's SuperLink keeps its state in memory (persistent_superlink=False): "
+                               "a restarted one would not know its SuperNodes")
         self._start_superlink()
         stopped = []
         for run_id, status in self.runs().items():

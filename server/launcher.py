@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 __all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment",
-           "resolve_run_config", "echo_line", "FEDROUTE_SERVERAPP"]
+           "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP"]
 
 FEDROUTE_SERVERAPP = "fedroute.server.app:app"
 """The ServerApp component whose run config :func:`resolve_run_config` validates in full."""
@@ -115,6 +115,24 @@ def echo_line(line: str) -> bool:
     return not any(pattern.search(line) for pattern in _NOISE)
 
 
+def _flower_app_table(app_dir: str | Path) -> dict[str, Any]:
+    """``[tool.flwr.app]`` of the app's ``pyproject.toml`` (``ValueError`` if there is none)."""
+    import tomllib
+
+    pyproject = Path(app_dir) / "pyproject.toml"
+    if not pyproject.is_file():
+        raise ValueError(f"{Path(app_dir).resolve()} is not a Flower app: it has no pyproject.toml")
+    with open(pyproject, "rb") as stream:
+        return dict(tomllib.load(stream).get("tool", {}).get("flwr", {}).get("app", {}))
+
+
+def app_config_defaults(app_dir: str | Path) -> dict[str, Any]:
+    """The app's run-config keys and defaults (``[tool.flwr.app.config]``, flattened as Flower does)."""
+    from flwr.common.config import flatten_dict
+
+    return dict(flatten_dict(_flower_app_table(app_dir).get("config", {})))
+
+
 def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> dict[str, Any]:
     """The run config the ServerApp will see, checked before anything starts.
 
@@ -129,16 +147,11 @@ def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> di
         For a key the app does not define (naming the allowed keys), or a value
         ``parse_run_config`` rejects (naming the key and the allowed values).
     """
-    import tomllib
-
-    from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
+    from flwr.common.config import fuse_dicts, parse_config_args
 
     pyproject = Path(app_dir) / "pyproject.toml"
-    if not pyproject.is_file():
-        raise ValueError(f"{Path(app_dir).resolve()} is not a Flower app: it has no pyproject.toml")
-    with open(pyproject, "rb") as stream:
-        app = tomllib.load(stream).get("tool", {}).get("flwr", {}).get("app", {})
-    defaults = flatten_dict(app.get("config", {}))
+    app = _flower_app_table(app_dir)
+    defaults = app_config_defaults(app_dir)
     unknown = sorted(set(run_config) - set(defaults))
     if unknown:
         raise ValueError(f"run-config key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
@@ -153,8 +166,37 @@ def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> di
     return resolved
 
 
-def quiet_environment(flwr_home: Path) -> dict[str, str]:
-    """The environment of a hermetic run: own FLWR_HOME and ports, quiet and offline."""
+def check_ray_address(address: str, timeout: float = 10.0) -> str:
+    """``address`` (``HOST:PORT`` of a Ray head, as ``ray start --head`` prints it) once something listens there.
+
+    Raises
+    ------
+    ValueError
+        Naming ``--ray-address``: for another form, a port outside 1–65535, or
+        nothing accepting connections at that address within ``timeout`` seconds
+        (checked before a run starts, rather than failing inside the simulation).
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--ray-address {address!r} is invalid; allowed: HOST:PORT of a running Ray head "
+                         "(as `ray start --head` prints it; port 1–65535)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        raise ValueError(f"--ray-address {address!r}: no Ray head accepts connections there ({error}); start one "
+                         "with `ray start --head --port PORT` or give its address") from None
+    return address
+
+
+def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None) -> dict[str, str]:
+    """The environment of a hermetic run: own FLWR_HOME and ports, quiet and offline.
+
+    Without ``ray_address`` the simulation starts a private local Ray (its own
+    ``RAY_TMPDIR``; an inherited ``RAY_ADDRESS`` is dropped).  With it, Flower's
+    Ray backend joins that existing cluster: it calls ``ray.init()`` only while
+    Ray is not initialised, and ``ray.init()`` reads ``RAY_ADDRESS``.
+    """
     environment = dict(os.environ)
     environment.update(QUIET_ENVIRONMENT)
     environment["FLWR_HOME"] = str(flwr_home)
@@ -162,6 +204,9 @@ def quiet_environment(flwr_home: Path) -> dict[str, str]:
     environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
     environment["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
     environment["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
+    if ray_address:
+        environment["RAY_ADDRESS"] = ray_address
+        return environment
     # Ray would otherwise join /tmp/ray's current cluster (another run's); keep the path short
     # (Ray's unix sockets have a length limit).
     environment.pop("RAY_ADDRESS", None)
@@ -221,6 +266,7 @@ def run_flower_app(
     flwr_home: Optional[Path] = None,
     stream: bool = False,
     cpus_per_client: float = 1.0,
+    ray_address: Optional[str] = None,
 ) -> FlowerRun:
     """``flwr run <app_dir> --stream`` in a local Ray simulation, then clean up.
 
@@ -240,6 +286,12 @@ def run_flower_app(
         Echo the run's output while it runs.
     cpus_per_client : float
         Ray CPUs per simulated client.
+    ray_address : str, optional
+        Run the simulation on this existing Ray cluster (``host:port`` of its
+        head, as ``ray start --head`` prints it) instead of a private local Ray.
+        Every node of the cluster needs the same Python environment (fedroute,
+        Flower and the app's dependencies) and, for an app outside the
+        installed package, the app's files at the same path.
 
     Returns
     -------
@@ -253,7 +305,7 @@ def run_flower_app(
     resolve_run_config(app_dir, run_config)
     home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="fedroute-flwr-home-"))
     home.mkdir(parents=True, exist_ok=True)
-    environment = quiet_environment(home)
+    environment = quiet_environment(home, ray_address)
     flwr = _flwr_executable()
     command = [flwr, "run", str(app_dir), "--stream",
                "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
@@ -286,7 +338,8 @@ def run_flower_app(
         if process.poll() is None:
             process.kill()
         stop_processes(home)
-        shutil.rmtree(environment["RAY_TMPDIR"], ignore_errors=True)
+        if "RAY_TMPDIR" in environment:
+            shutil.rmtree(environment["RAY_TMPDIR"], ignore_errors=True)
         if flwr_home is None:
             shutil.rmtree(home, ignore_errors=True)
     return FlowerRun(returncode=process.returncode, stdout="".join(lines), stderr="", run_id=run_id,

@@ -73,12 +73,16 @@ def _run_config_items(items: list[str]) -> dict:
 def _checked_overrides(args: argparse.Namespace) -> Optional[dict]:
     """The run-config overrides of ``flower`` / ``deploy local``, checked before anything starts (None: invalid,
     reported)."""
-    from fedroute.server.launcher import resolve_run_config
+    from fedroute.server.launcher import app_config_defaults, resolve_run_config
 
     try:
         overrides = _run_config_items(args.run_config)
-        overrides.setdefault("num-clients", args.supernodes)
-        overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
+        keys = app_config_defaults(args.app_dir)
+        # fedroute's app (or one with the same keys): one client per SuperNode, results where asked.
+        if "num-clients" in keys:
+            overrides.setdefault("num-clients", args.supernodes)
+        if "results-dir" in keys:
+            overrides.setdefault("results-dir", str(Path(args.results_dir).resolve()))
         resolve_run_config(args.app_dir, overrides)
     except ValueError as error:
         print(f"fedroute: {error}", file=sys.stderr)
@@ -95,12 +99,26 @@ def _failure(kind: str, result) -> int:
     return 1
 
 
+def _reachable_ray_address(args: argparse.Namespace) -> bool:
+    """``--ray-address`` absent, or a Ray head listens there (else the reason is printed)."""
+    from fedroute.server.launcher import check_ray_address
+
+    try:
+        if args.ray_address is not None:
+            check_ray_address(args.ray_address)
+    except ValueError as error:
+        print(f"fedroute: {error}", file=sys.stderr)
+        return False
+    return True
+
+
 def _flower(args: argparse.Namespace) -> int:
     from fedroute.server.launcher import run_flower_app
 
-    if (overrides := _checked_overrides(args)) is None:
+    if (overrides := _checked_overrides(args)) is None or not _reachable_ray_address(args):
         return 2
-    result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True)
+    result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True,
+                            ray_address=args.ray_address)
     return 0 if result.completed else _failure("Flower", result)
 
 
@@ -152,6 +170,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"fedroute reproduce {args.experiment}: --config {named_config(args)!r} is invalid; allowed: "
               f"{', '.join(allowed)}", file=sys.stderr)
         return 2
+    if not _reachable_ray_address(args):
+        return 2
     return REPRODUCE_COMMANDS[args.experiment](args)
 
 
@@ -170,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is stopped")
     flower.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
                         help="run-config overrides, e.g. method=exp3 num-server-rounds=50")
+    flower.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the simulation on this existing Ray cluster (its head's address, as `ray start "
+                             "--head` prints it) instead of a private local Ray (docs/performance.md)")
     flower.set_defaults(handler=_flower)
 
     deploy = commands.add_parser("deploy", help="run the Flower app on real SuperLink/SuperNode processes")

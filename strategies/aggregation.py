@@ -88,13 +88,16 @@ def hard_update_checked(
         # Segment sums over the replies grouped by cluster (stable sort: reply order kept within a
         # cluster); much faster than an unbuffered ``np.add.at`` over (replies, P) rows.
         order = np.argsort(targets, kind="stable")
-        models = np.asarray(client_models, dtype=np.float64)[order]
         starts = np.searchsorted(targets[order], np.flatnonzero(routed))
         with np.errstate(over="ignore", invalid="ignore"):
-            sums = np.add.reduceat(weights[order, None] * models, starts, axis=0)
+            # One float64 array: the replies gathered in their own dtype, widened (exactly) and weighted in
+            # one pass — the same float64 products as widening first.
+            weighted = np.multiply(np.asarray(client_models)[order], weights[order, None], dtype=np.float64)
+            sums = np.add.reduceat(weighted, starts, axis=0)
             averaged = (sums / totals[routed, None]).astype(flat.dtype)
         bad = ~np.isfinite(averaged).all(axis=1)
         if bad.any():  # overflow of n·w or of the sum: average the convex combination instead
+            models = np.asarray(client_models, dtype=np.float64)[order]  # rare: the unweighted replies again
             shares = weights[order] / totals[targets[order]]
             with np.errstate(over="ignore", invalid="ignore"):
                 rescued = np.add.reduceat(shares[:, None] * models, starts, axis=0)[bad].astype(flat.dtype)

@@ -42,7 +42,7 @@ from fedroute.strategies.checkpoint import (
 )
 from fedroute.strategies.identity import ClientBindings, IdentityRejected
 from fedroute.strategies.influence import InfluenceBounds, aggregate_round, capped_weights
-from fedroute.strategies.records import array_record, arrays_of, pack_cluster_models, unpack_cluster_models
+from fedroute.strategies.records import array_record, arrays_of, pack_cluster_records, unpack_cluster_models
 from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.results import (
     ClientRoutes,
@@ -173,7 +173,9 @@ class ClusteredRouting(Strategy):
         self._nodes_ready = False
         self.resumed_from_round = 0
         self.num_clusters = routing.num_clusters
-        self.cluster_models: list[dict[str, NDArray]] = []
+        self._cluster_models: list[dict[str, NDArray]] = []
+        self._cluster_records: Optional[list[ArrayRecord]] = None
+        self._packed: Optional[ArrayRecord] = None
         self.routing_masses: Optional[NDArray[np.float64]] = None
         self.provisional_masses: Optional[NDArray[np.float64]] = None
         self.label = label or run_key
@@ -205,6 +207,36 @@ class ClusteredRouting(Strategy):
         return list(self.rejections.entries)
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def cluster_models(self) -> list[dict[str, NDArray]]:
+        """The ``K`` cluster models ``W^t``, one ``{array name: ndarray}`` per cluster."""
+        return self._cluster_models
+
+    @cluster_models.setter
+    def cluster_models(self, models: Sequence[dict[str, NDArray]]) -> None:
+        self._cluster_models = list(models)
+        self._cluster_records = None  # encoded again (once) when next sent
+        self._packed = None
+
+    def _model_records(self) -> list[ArrayRecord]:
+        """The ``K`` cluster models as ArrayRecords: encoded once per model version, shared by every
+        message that carries them (Flower serialises each message's content when it delivers it)."""
+        if self._cluster_records is None:
+            self._cluster_records = [array_record(model) for model in self._cluster_models]
+        return self._cluster_records
+
+    def _packed_models(self) -> ArrayRecord:
+        """The ``K`` models packed in one ArrayRecord (what ``start`` carries between rounds), built from
+        :meth:`_model_records` without encoding anything again."""
+        if self._packed is None:
+            self._packed = pack_cluster_records(self._model_records())
+        return self._packed
+
+    def _adopt(self, arrays: ArrayRecord) -> None:
+        """Take the models of a packed record, unless it is this strategy's own current one."""
+        if arrays is not self._packed:
+            self.cluster_models = unpack_cluster_models(arrays, self.num_clusters)
+
     @property
     def alarms(self) -> list[Alarm]:
         """Every collapse alarm raised so far (:class:`~fedroute.monitoring.alarms.Alarm`)."""
@@ -252,25 +284,34 @@ class ClusteredRouting(Strategy):
     def _messages(
         self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]
     ) -> list[Message]:
-        """One fresh RecordDict per node: the K models (plus :meth:`_extra_records`) and a ConfigRecord."""
-        models = [array_record(arrays) for arrays in self._broadcast_models(message_type)]
-        extra = self._extra_records(message_type)
-        full_config = {
+        """One RecordDict per node holding the round's records: the K models (plus
+        :meth:`_extra_records`) and one ConfigRecord, built once and shared by every message.
+
+        Sharing is safe: Flower delivers a copy of each message's content (the
+        simulation pickles it to the ClientApp's Ray actor, deployment serialises
+        it to the SuperLink), and the strategy never changes a record it sent
+        (a new round builds new ones); ``tests/test_shared_records.py`` checks
+        that one ClientApp overwriting what it received changes nothing for the others.
+        """
+        models = self._broadcast_records(message_type)
+        records = {protocol.cluster_key(k): model for k, model in enumerate(models)}
+        records.update(self._extra_records(message_type))
+        records[protocol.CONFIG] = ConfigRecord({
             **self.client_config,
             **protocol.routing_config(self.routing.to_dict()),
             protocol.SEED: self.seed,
             protocol.RUN_KEY: self.run_key,
             **config,
-        }
-        messages = []
-        for node_id in node_ids:
-            content = RecordDict({protocol.cluster_key(k): ArrayRecord(dict(model.items()))
-                                  for k, model in enumerate(models)})
-            for key, record in extra.items():
-                content[key] = ArrayRecord(dict(record.items()))
-            content[protocol.CONFIG] = ConfigRecord(dict(full_config))
-            messages.append(Message(content=content, message_type=message_type, dst_node_id=node_id))
-        return messages
+        })
+        return [Message(content=RecordDict(records), message_type=message_type, dst_node_id=node_id)
+                for node_id in node_ids]
+
+    def _broadcast_records(self, message_type: str) -> list[ArrayRecord]:
+        """:meth:`_broadcast_models` as ArrayRecords (the cluster models' shared ones when it returns them)."""
+        models = self._broadcast_models(message_type)
+        if models is self._cluster_models:
+            return self._model_records()
+        return [array_record(model) for model in models]
 
     def _broadcast_models(self, message_type: str) -> list[dict[str, NDArray]]:
         """The K models a message carries (subclasses may send e.g. combined predictors)."""
@@ -372,13 +413,11 @@ class ClusteredRouting(Strategy):
         if num_rounds < 1:
             raise ValueError(f"num_rounds = {num_rounds} is invalid; allowed: an integer ≥ 1")
         if isinstance(initial_arrays, ArrayRecord):
-            packed = initial_arrays
-            self.cluster_models = unpack_cluster_models(packed, self.num_clusters)
+            self.cluster_models = unpack_cluster_models(initial_arrays, self.num_clusters)
         else:
             if len(initial_arrays) != self.num_clusters:
                 raise ValueError(f"initial_arrays holds {len(initial_arrays)} models; num_clusters = {self.num_clusters}")
             self.cluster_models = [arrays_of(record) for record in initial_arrays]
-            packed = pack_cluster_models(self.cluster_models)
         self.round_timeout = timeout or self.round_timeout
         self._num_rounds = num_rounds
         ensure_console_handler(logger)
@@ -395,7 +434,7 @@ class ClusteredRouting(Strategy):
         train_config = train_config or ConfigRecord()
         for server_round in range(first_round, num_rounds + 1):
             replies = grid.send_and_receive(
-                self.configure_train(server_round, pack_cluster_models(self.cluster_models), train_config, grid),
+                self.configure_train(server_round, self._packed_models(), train_config, grid),
                 timeout=self.round_timeout,
             )
             arrays, metrics = self.aggregate_train(server_round, replies)
@@ -404,7 +443,7 @@ class ClusteredRouting(Strategy):
             self._save(server_round)
             self._round_ended()
             self._evaluate_on_server(server_round, evaluate_fn, result)
-        packed = pack_cluster_models(self.cluster_models)
+        packed = self._packed_models()
         evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
         if evaluation:
             metrics = self.aggregate_evaluate(num_rounds, grid.send_and_receive(evaluation, timeout=self.round_timeout))
@@ -521,7 +560,7 @@ class ClusteredRouting(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Messages for round ``server_round`` (``t = server_round - 1``)."""
-        self.cluster_models = unpack_cluster_models(arrays, self.num_clusters)
+        self._adopt(arrays)
         self._round_started = time.monotonic()
         self._grid = grid
         node_ids = self._sample_nodes(grid, server_round)
@@ -582,7 +621,7 @@ class ClusteredRouting(Strategy):
             "routed-train-loss": float(record["routed_train_loss"]),
             **cluster_metric_record(cluster_metrics),
         })
-        return pack_cluster_models(self.cluster_models), metrics
+        return self._packed_models(), metrics
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -590,7 +629,7 @@ class ClusteredRouting(Strategy):
         """After the last round only: ask every node for the losses of all ``K`` models."""
         if not self.evaluate_at_end or server_round != self._num_rounds:
             return []
-        self.cluster_models = unpack_cluster_models(arrays, self.num_clusters)
+        self._adopt(arrays)
         node_ids = sorted(grid.get_node_ids())
         return self._messages(node_ids, MessageType.EVALUATE, {
             **dict(config.items()), protocol.PHASE: protocol.PHASE_EVALUATE,

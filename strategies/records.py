@@ -10,8 +10,8 @@ from numpy.typing import NDArray
 
 from fedroute import protocol
 
-__all__ = ["pack_cluster_models", "unpack_cluster_models", "arrays_of", "array_record", "decode_array",
-           "NPY_HEADER_LIMIT"]
+__all__ = ["pack_cluster_models", "pack_cluster_records", "unpack_cluster_models", "arrays_of", "array_record",
+           "decode_array", "NPY_HEADER_LIMIT"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 NPY_HEADER_LIMIT = 4096
@@ -61,11 +61,20 @@ def pack_cluster_models(cluster_models: Sequence[Mapping[str, NDArray]]) -> Arra
 
     Flower's ``Strategy.start`` carries one ArrayRecord between rounds; this is it.
     """
-    packed = {}
-    for cluster, arrays in enumerate(cluster_models):
-        for name, value in arrays.items():
-            packed[f"{protocol.cluster_key(cluster)}/{name}"] = value
-    return array_record(packed)
+    return pack_cluster_records([array_record(arrays) for arrays in cluster_models])
+
+
+def pack_cluster_records(records: Sequence[ArrayRecord]) -> ArrayRecord:
+    """The packed record (as :func:`pack_cluster_models`) of ``K`` per-cluster ArrayRecords.
+
+    The packed record holds the very ``Array`` objects of ``records``: nothing is
+    encoded again.
+    """
+    packed = ArrayRecord()  # item by item: ArrayRecord(dict) would make new Array objects
+    for cluster, record in enumerate(records):
+        for name, array in record.items():
+            packed[f"{protocol.cluster_key(cluster)}/{name}"] = array
+    return packed
 
 
 def unpack_cluster_models(packed: ArrayRecord, num_clusters: Optional[int] = None) -> list[dict[str, NDArray]]:

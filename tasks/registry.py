@@ -8,16 +8,12 @@ key and the allowed values.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, Mapping
 
 from fedroute.tasks.base import Task
-from fedroute.tasks.characters import CharactersTask
-from fedroute.tasks.femnist import FemnistTask
-from fedroute.tasks.gmm import GMMTask
-from fedroute.tasks.housing import HousingTask
-from fedroute.tasks.linear import LinearTask
 
-__all__ = ["TASKS", "TASK_KEYS", "task_from_config"]
+__all__ = ["TASKS", "TASK_KEYS", "task_class", "task_from_config"]
 
 _KeyTable = dict[str, tuple[str, type]]
 
@@ -81,14 +77,21 @@ _FEMNIST_KEYS: _KeyTable = {
     "image-size": ("image_size", int),
 }
 
-TASK_KEYS: dict[str, tuple[Callable[..., Task], _KeyTable]] = {
-    "linear": (LinearTask, _LINEAR_KEYS),
-    "housing": (HousingTask, _HOUSING_KEYS),
-    "gmm": (GMMTask, _GMM_KEYS),
-    "characters": (CharactersTask, _CHARACTERS_KEYS),
-    "femnist": (FemnistTask, _FEMNIST_KEYS),
+TASK_KEYS: dict[str, tuple[str, _KeyTable]] = {
+    "linear": ("fedroute.tasks.linear:LinearTask", _LINEAR_KEYS),
+    "housing": ("fedroute.tasks.housing:HousingTask", _HOUSING_KEYS),
+    "gmm": ("fedroute.tasks.gmm:GMMTask", _GMM_KEYS),
+    "characters": ("fedroute.tasks.characters:CharactersTask", _CHARACTERS_KEYS),
+    "femnist": ("fedroute.tasks.femnist:FemnistTask", _FEMNIST_KEYS),
 }
-"""Task name → (task class, run-config key table)."""
+"""Task name → (``module:class`` of the task, run-config key table).  Only the task a run names is
+imported (every deployed message starts a fresh ClientApp process, which pays for each import)."""
+
+
+def task_class(name: str) -> Callable[..., Task]:
+    """The task class registered as ``name`` (imported on first use)."""
+    module, _, attribute = TASK_KEYS[name][0].partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 TASKS = tuple(TASK_KEYS)
 
@@ -145,7 +148,7 @@ def task_from_config(config: Mapping[str, Any]) -> Task:
     name = config.get("task", "linear")
     if name not in TASK_KEYS:
         raise ValueError(f"run-config 'task' = {name!r} is invalid; allowed: {TASKS}")
-    factory, keys = TASK_KEYS[name]
+    factory, keys = task_class(name), TASK_KEYS[name][1]
     arguments = {}
     for key, (field, kind) in keys.items():
         if key in config and config[key] != "auto":  # "auto": the task's own default

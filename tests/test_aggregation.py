@@ -62,3 +62,27 @@ def test_routing_masses_no_clients_is_zero():
 
 def test_cluster_route_counts():
     np.testing.assert_array_equal(cluster_route_counts(np.array([2, 0, 2, 2]), 3), [1, 0, 3])
+
+
+def test_hard_update_values_are_the_segment_sums_of_the_weighted_replies_bit_for_bit():
+    """The simulator's tables depend on the exact values: ``n_i·w_i`` for every reply, summed per cluster in
+    reply order (``np.add.reduceat``), divided by the cluster's total; batched runs; the inputs untouched."""
+    rng = np.random.default_rng(5)
+    runs, num_clusters, per_run, size = 3, 4, 9, 7
+    cluster_models = rng.normal(size=(runs, num_clusters, size))
+    client_models = rng.normal(size=(runs * per_run, size)) * 10.0 ** rng.integers(-3, 4, size=(runs * per_run, 1))
+    routes = rng.integers(0, num_clusters - 1, size=runs * per_run)  # the last cluster stays empty
+    num_examples = rng.integers(1, 50, size=runs * per_run).astype(float) / 3.0
+    run_index = np.repeat(np.arange(runs), per_run)
+    before = client_models.copy()
+    updated = hard_update(cluster_models, client_models, routes, num_examples, run_index)
+    expected = cluster_models.copy().reshape(runs * num_clusters, size)
+    targets = run_index * num_clusters + routes
+    for target in np.unique(targets):
+        members = np.flatnonzero(targets == target)  # reply order
+        weighted = num_examples[members, None] * client_models[members]
+        expected[target] = np.add.reduceat(weighted, [0], axis=0)[0] / np.bincount(
+            np.zeros(len(members), dtype=np.int64), weights=num_examples[members])[0]
+    assert updated.tobytes() == expected.reshape(cluster_models.shape).tobytes()
+    assert client_models.tobytes() == before.tobytes()
+    np.testing.assert_array_equal(updated[:, -1], cluster_models[:, -1])

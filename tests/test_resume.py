@@ -56,6 +56,29 @@ def test_a_replayed_round_starts_from_the_same_state(tmp_path: Path) -> None:
     np.testing.assert_array_equal(fresh.exp3_log_weights, AgentState.initial(1, settings).exp3_log_weights)
 
 
+def test_state_in_context_keeps_every_field_and_dtype_and_a_foreign_one_starts_afresh() -> None:
+    settings = method_settings("exp3", "characters", num_clusters=3)
+    state = AgentState.initial(1, settings)
+    state.exp3_log_weights[:] = [[0.1, -2.5 / 3]]
+    for name, value in (("arm", 1), ("arm_probability", 0.3), ("feedback_sum", 1.25), ("feedback_rounds", 4),
+                        ("hysteresis_target", 2), ("hysteresis_count", 3), ("forced_episode", True),
+                        ("previous_route", 2), ("rounds_played", 9)):
+        getattr(state, name)[:] = value
+    context = _context()
+    save_agent_state(context, "key", state, 4, 3)
+    loaded = load_agent_state(context, "key", settings, 5, 3)
+    for name, value in state.to_arrays().items():
+        stored = loaded.to_arrays()[name]
+        assert stored.dtype == value.dtype and stored.shape == value.shape, name
+        np.testing.assert_array_equal(stored, value, err_msg=name)
+    # Another controller set (three arms instead of two): the stored state is not misread.
+    other = method_settings("exp3", "characters", num_clusters=3)
+    other = type(other).from_dict({**other.to_dict(), "controllers": ("gr", "rh", "hys")})
+    fresh = load_agent_state(context, "key", other, 5, 3)
+    np.testing.assert_array_equal(fresh.exp3_log_weights, np.zeros((1, 3)))
+    assert fresh.rounds_played[0] == 0
+
+
 def test_server_killed_mid_run_resumes_to_the_uninterrupted_result(repository: Path, tmp_path: Path) -> None:
     """Kill every process of a running simulation after round 3 is checkpointed, then resume."""
     import threading

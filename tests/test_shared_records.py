@@ -1,0 +1,84 @@
+"""The records of a round are built once and shared by its messages; no message's content leaks into another's."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedroute.client.settings import RoutingSettings
+from fedroute.server.launcher import run_flower_app
+from fedroute.server.run_config import parse_run_config
+from fedroute.simulation.simulator import simulate
+from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.records import array_record, pack_cluster_models
+
+NUM_NODES = 6
+
+
+class _Nodes:
+    def get_node_ids(self) -> list[int]:
+        return list(range(100, 100 + NUM_NODES))
+
+
+def _strategy() -> ClusteredRouting:
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    strategy = ClusteredRouting(RoutingSettings(num_clusters=2), min_available_nodes=NUM_NODES)
+    strategy.cluster_models = [{"w": np.full(3, float(k)), "b": np.array([k + 0.5])} for k in range(2)]
+    return strategy
+
+
+def test_a_rounds_messages_share_the_model_and_config_records_built_once() -> None:
+    strategy = _strategy()
+    messages = list(strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), _Nodes()))
+    assert len(messages) == NUM_NODES and len({id(message.content) for message in messages}) == NUM_NODES
+    for key in ("cluster-0", "cluster-1", "config"):
+        assert len({id(message.content[key]) for message in messages}) == 1, key
+    # The packed record start() carries between rounds holds the same encoded arrays: nothing is unpacked
+    # or encoded again for the next configure_train, and the next round's messages share them as well.
+    packed = strategy._packed_models()
+    assert packed["cluster-1/w"] is messages[0].content["cluster-1"]["w"]
+    again = list(strategy.configure_train(2, packed, ConfigRecord(), _Nodes()))
+    assert again[0].content["cluster-0"] is messages[0].content["cluster-0"]
+    np.testing.assert_array_equal(strategy.cluster_models[1]["w"], [1.0, 1.0, 1.0])
+
+
+def test_new_models_get_new_records_and_a_foreign_packed_record_is_unpacked() -> None:
+    strategy = _strategy()
+    first = list(strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), _Nodes()))[0]
+    replaced = [{"w": np.full(3, 7.0), "b": np.array([7.5])}, {"w": np.full(3, 8.0), "b": np.array([8.5])}]
+    second = list(strategy.configure_train(2, pack_cluster_models(replaced), ConfigRecord(), _Nodes()))[0]
+    np.testing.assert_array_equal(second.content["cluster-1"]["w"].numpy(), [8.0, 8.0, 8.0])
+    np.testing.assert_array_equal(first.content["cluster-1"]["w"].numpy(), [1.0, 1.0, 1.0])  # the sent one kept
+    assert isinstance(strategy._packed_models(), ArrayRecord)
+    strategy.cluster_models = [{"w": np.zeros(3), "b": np.zeros(1)}] * 2
+    third = list(strategy.configure_train(3, strategy._packed_models(), ConfigRecord(), _Nodes()))[0]
+    assert third.content["cluster-0"] is not second.content["cluster-0"]
+    np.testing.assert_array_equal(third.content["cluster-0"]["w"].numpy(), np.zeros(3))
+    assert array_record(replaced[0])["w"].numpy().tolist() == [7.0, 7.0, 7.0]
+
+
+def test_a_clientapp_overwriting_what_it_received_changes_nothing_for_the_others(test_app, repository: Path,
+                                                                                 tmp_path: Path) -> None:
+    app_dir = test_app("overwriting")
+    rounds = 4
+    config = {"method": "exp3", "num-clients": NUM_NODES, "num-server-rounds": rounds, "seed": 3,
+              "block-length": 2, "results-dir": str(tmp_path / "results")}
+    result = run_flower_app(app_dir, config, num_supernodes=NUM_NODES, timeout=600)
+    assert result.completed, result.stdout[-3000:]
+    (directory,) = [path for path in (tmp_path / "results").iterdir() if path.is_dir()]
+    with open(repository / "pyproject.toml", "rb") as stream:
+        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
+    settings = parse_run_config({**defaults, **config})
+    expected = simulate(settings.task, settings.routing["exp3"], rounds, settings.seed)
+    routes = pd.read_csv(directory / "routes.csv").pivot(index="round_index", columns="client_id", values="cluster")
+    np.testing.assert_array_equal(routes.to_numpy(), expected.routes)
+    models = np.load(directory / "cluster_models.npz")
+    final = np.stack([models[f"exp3/cluster-{k}"] for k in range(2)])
+    np.testing.assert_allclose(final, expected.cluster_models[-1], rtol=0, atol=1e-12)
+    assert np.abs(final).max() < 1e3  # no overwritten value (1e6) was averaged in
