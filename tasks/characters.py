@@ -263,13 +263,13 @@ def mlp_forward(flat: Any, inputs: Any, hidden: int, classes: int) -> Any:
     return torch.relu(inputs @ w1.T + b1) @ w2.T + b2
 
 
-def _init_parameters(seed: int, inputs: int, hidden: int, classes: int) -> NDArray[np.float32]:
+def _init_parameters(seed: int, inputs: int, hidden: int, classes: int, stream: int = 0) -> NDArray[np.float32]:
     """The seeded initial model: torch's ``nn.Linear`` default, ``U(±1/√fan_in)`` for weights and biases.
 
-    Drawn with ``generator(seed, 0, 0, Purpose.INIT)`` in the flat order
-    ``W1, b1, W2, b2``.
+    Drawn with ``generator(seed, stream, 0, Purpose.INIT)`` in the flat order
+    ``W1, b1, W2, b2`` (``stream`` numbers independent models of one seed).
     """
-    rng = generator(seed, 0, 0, Purpose.INIT)
+    rng = generator(seed, stream, 0, Purpose.INIT)
     parts = []
     for fan_in, count in ((inputs, hidden * inputs), (inputs, hidden), (hidden, classes * hidden), (hidden, classes)):
         bound = 1.0 / np.sqrt(fan_in)

@@ -1,0 +1,196 @@
+"""The generic default (issue 10): its settings, the paper presets, and each new routing rule.
+
+New rules, each a RoutingSettings field whose preset value keeps the paper's behaviour:
+random tie-breaking, a mass threshold in fair shares with an inclusive boundary, a bound on
+entry probes, and a final exploitation phase.
+"""
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fedroute.client import controllers as ctl
+from fedroute.client.agent import CONTROLLER_INDEX, AgentState, agent_step
+from fedroute.client.entry import entry_benefits, entry_candidates
+from fedroute.client.randomness import Purpose, uniform
+from fedroute.client.round import client_round, provisional_greedy_routes
+from fedroute.client.settings import RoutingSettings
+from fedroute.strategies.methods import GENERIC_DEFAULTS, PRESETS, method_settings
+
+GR, RH = CONTROLLER_INDEX["gr"], CONTROLLER_INDEX["rh"]
+
+
+# ---------------------------------------------------------------- methods --
+def test_generic_default_is_not_a_paper_preset():
+    exp3 = method_settings("exp3", num_clusters=4)
+    assert exp3.num_clusters == 4 and exp3.controllers == ("gr", "rh") and exp3.exp3_mode == "block"
+    assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == GENERIC_DEFAULTS["exploitation_fraction"] > 0
+    assert exp3.mass_threshold_unit == "fair-share" and exp3.mass_threshold_inclusive
+    assert exp3.entry_max_candidates == GENERIC_DEFAULTS["entry_max_candidates"] > 0
+    sync = method_settings("sync-entry", num_clusters=4)
+    assert sync.synchronized_entry and sync.controllers == exp3.controllers
+    greedy = method_settings("greedy", num_clusters=4)
+    assert greedy.controllers == ("gr",) and greedy.tie_breaking == "lowest"  # Greedy IFCA stays the baseline
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("method", ["greedy", "exp3", "sync-entry", "fedcam"])
+def test_presets_keep_every_paper_behaviour(method, preset):
+    settings = method_settings(method, num_clusters=3, preset=preset)
+    paper = RoutingSettings()
+    for name in ("tie_breaking", "mass_threshold_unit", "mass_threshold_inclusive", "entry_max_candidates",
+                 "exploitation_fraction", "reversal_mass_threshold", "block_length", "exp3_learning_rate",
+                 "exp3_exploration"):
+        assert getattr(settings, name) == getattr(paper, name), name
+    assert settings.num_clusters == 3
+
+
+def test_old_positional_call_warns_and_gives_the_preset():
+    with pytest.warns(DeprecationWarning, match=r"preset='gmm'"):
+        old = method_settings("exp3", "gmm", num_clusters=3)
+    assert old == method_settings("exp3", preset="gmm", num_clusters=3)
+    with pytest.raises(TypeError, match="preset=name"):
+        method_settings("exp3", "gmm", preset="gmm")
+    with pytest.raises(ValueError, match="preset"):
+        method_settings("exp3", preset="mnist")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        method_settings("exp3", preset="linear")  # the new call does not warn
+
+
+# ---------------------------------------------------------------- settings --
+def test_new_fields_are_validated_naming_the_field():
+    for changes, field in [(dict(tie_breaking="first"), "tie_breaking"),
+                           (dict(exploitation_fraction=1.0), "exploitation_fraction"),
+                           (dict(exploitation_fraction=-0.1), "exploitation_fraction"),
+                           (dict(mass_threshold_unit="share"), "mass_threshold_unit"),
+                           (dict(mass_threshold_inclusive=1), "mass_threshold_inclusive"),
+                           (dict(entry_max_candidates=-1), "entry_max_candidates"),
+                           (dict(entry_max_candidates=1.5), "entry_max_candidates"),
+                           (dict(mass_threshold_unit="fair-share", num_clusters=3, reversal_mass_threshold=3.5),
+                            "reversal_mass_threshold")]:
+        with pytest.raises(ValueError, match=f"'{field}'"):
+            RoutingSettings(**changes)
+    assert RoutingSettings(mass_threshold_unit="fair-share", num_clusters=3, reversal_mass_threshold=3.0)
+
+
+def test_underused_mass_scales_with_the_fair_share_and_round_trips():
+    settings = RoutingSettings(num_clusters=8, mass_threshold_unit="fair-share", reversal_mass_threshold=0.4,
+                               mass_threshold_inclusive=True, tie_breaking="random", exploitation_fraction=0.25,
+                               entry_max_candidates=2)
+    assert settings.underused_mass == pytest.approx(0.05)
+    assert RoutingSettings(reversal_mass_threshold=0.2).underused_mass == 0.2
+    assert RoutingSettings.from_dict(settings.to_dict()) == settings
+    assert [settings.exploitation_start(t) for t in (1, 4, 10, 100)] == [1, 3, 7, 75]
+
+
+# ---------------------------------------------------------------- ties --
+def test_random_ties_split_exactly_tied_clients_uniformly():
+    losses = np.array([[1.0, 1.0, 1.0, 2.0], [3.0, 1.0, 1.0, 1.0], [2.0, 0.5, 1.0, 3.0]])
+    u = np.array([0.9, 0.0, 0.99])
+    np.testing.assert_array_equal(ctl.greedy_routes(losses, u), [2, 1, 1])  # ⌊0.9·3⌋ = 2nd tied; no tie: argmin
+    np.testing.assert_array_equal(ctl.greedy_routes(losses), [0, 1, 1])
+    many = np.ones((3000, 3))
+    counts = np.bincount(ctl.greedy_routes(many, uniform(5, np.arange(3000), 0, Purpose.TIE)), minlength=3)
+    assert counts.min() > 900  # about a third each
+
+
+def test_identical_models_split_the_clients_in_the_agent_and_the_provisional_report():
+    class Clients:  # every model has the same loss for every client
+        client_ids = np.arange(40)
+        groups = np.zeros(40, dtype=np.int64)
+        num_examples = np.ones(40)
+
+        def losses(self, models, split="train"):
+            return np.ones((40, len(models)))
+
+        def local_update(self, models, index, t):
+            return models + 1.0
+
+    settings = replace(method_settings("exp3", num_clusters=3), controllers=("gr",))
+    models = np.zeros((3, 2))
+    result = client_round(Clients(), AgentState.initial(40, settings), settings, models, None, 0, 7, num_rounds=10)
+    assert set(result.decision.routes.tolist()) == {0, 1, 2}
+    provisional = provisional_greedy_routes(Clients(), models, settings, 7)
+    np.testing.assert_array_equal(provisional, result.decision.routes)  # the same round-0 draw
+    paper = client_round(Clients(), AgentState.initial(40, settings), RoutingSettings(num_clusters=3,
+                         controllers=("gr",)), models, None, 0, 7)
+    assert set(paper.decision.routes.tolist()) == {0}  # the paper's ties: lowest index, for everyone
+
+
+# ---------------------------------------------------------------- entry --
+def test_inclusive_fair_share_threshold_counts_a_cluster_at_exactly_the_threshold():
+    masses = np.array([3 / 5, 1 / 5, 1 / 5])  # the issue's stuck plugin case, 15 clients
+    greedy = np.array([0, 0])
+    settings = RoutingSettings(num_clusters=3, mass_threshold_unit="fair-share", reversal_mass_threshold=0.6)
+    assert settings.underused_mass == 0.6 / 3 != 0.2  # 0.19999999999999998: the slack matters
+    inclusive = entry_candidates(masses, greedy, settings.underused_mass, inclusive=True)
+    np.testing.assert_array_equal(inclusive, [[False, True, True]] * 2)
+    assert not entry_candidates(masses, greedy, 0.2).any()  # the paper's strict μ < 0.2
+
+
+def test_entry_probes_are_bounded_lightest_first_then_lowest_loss():
+    masses = np.array([0.9, 0.0, 0.05, 0.0, 0.05, 0.0, 0.0, 0.0])
+    losses = np.array([[1.0, 5.0, 1.0, 4.0, 0.5, 3.0, 3.0, 2.0]])
+    kept = entry_candidates(masses, np.array([0]), 0.1, max_candidates=3, losses=losses)
+    np.testing.assert_array_equal(np.flatnonzero(kept[0]), [5, 6, 7])  # mass 0 first; loss 2 < 3 = 3 (index)
+    assert entry_candidates(masses, np.array([0]), 0.1).sum() == 7
+    calls = []
+
+    def probe(models, index, t):
+        calls.append(len(index))
+        return models + 1.0
+
+    entry_benefits(np.zeros((8, 2)), kept, np.array([0]), probe, 0)
+    assert calls == [3]  # one probe update per kept candidate, K = 8 notwithstanding
+
+
+def test_agent_entry_uses_the_bounded_candidates():
+    settings = RoutingSettings(num_clusters=8, controllers=("gr", "hys"), exp3_mode="action", exp3_exploration=0.0,
+                               mass_threshold_unit="fair-share", reversal_mass_threshold=1.0,
+                               mass_threshold_inclusive=True, entry_max_candidates=2)
+    state = replace(AgentState.initial(1, settings), exp3_log_weights=np.array([[-1000.0, 0.0]]))
+    seen = []
+
+    def benefit_fn(mask, greedy):
+        seen.append(mask.copy())
+        return np.where(mask, 0.5, np.inf)
+
+    agent_step(state, settings, np.arange(8.0)[None] + 1, np.full(8, 1 / 8), 3, np.array([0]), 0, benefit_fn)
+    assert seen and seen[0].sum() == 2 and not seen[0][0, 0]
+
+
+# ---------------------------------------------------------------- exploitation --
+def test_exploitation_phase_is_greedy_without_arms_updates_or_episodes():
+    settings = RoutingSettings(num_clusters=3, controllers=("gr", "rh"), exp3_exploration=0.0, block_length=4,
+                               exploitation_fraction=0.5)
+    state = replace(AgentState.initial(2, settings), exp3_log_weights=np.array([[-1000.0, 0.0]] * 2),
+                    hysteresis_target=np.array([2, -1]), hysteresis_count=np.array([3, 0]),
+                    arm=np.array([1, 1]), feedback_sum=np.array([0.5, 0.5]), feedback_rounds=np.array([1, 1]))
+    losses = np.array([[3.0, 1.0, 2.0], [1.0, 2.0, 3.0]])
+    explored, decision = agent_step(state, settings, losses, None, 4, np.arange(2), 0, num_rounds=10)
+    assert (decision.controller == RH).all()  # t = 4 < 5: still exploring (Rank Hedge drawn)
+    new_state, decision = agent_step(state, settings, losses, None, 5, np.arange(2), 0, num_rounds=10)
+    np.testing.assert_array_equal(decision.routes, [1, 0])
+    assert (decision.controller == GR).all() and (decision.arm == -1).all() and not decision.exp3_updated.any()
+    np.testing.assert_array_equal(decision.released, [True, False])
+    np.testing.assert_array_equal(new_state.exp3_log_weights, state.exp3_log_weights)
+    assert (new_state.arm == -1).all() and (new_state.hysteresis_target == -1).all()
+    with pytest.raises(ValueError, match="num_rounds"):
+        agent_step(state, settings, losses, None, 5, np.arange(2), 0)
+
+
+def test_sync_entry_in_block_mode_starts_its_first_block_at_round_one():
+    settings = replace(method_settings("sync-entry", num_clusters=2), exp3_exploration=0.0, block_length=5)
+    state = replace(AgentState.initial(1, settings), exp3_log_weights=np.array([[-1000.0, 0.0]]))
+    losses = np.array([[1.0, 2.0]])
+
+    def no_entry(mask, greedy):
+        return np.full(mask.shape, np.inf)
+
+    state, decision = agent_step(state, settings, losses, np.array([0.5, 0.5]), 0, np.array([0]), 0, no_entry, 100)
+    assert decision.arm[0] == -1  # the entry round: the provisional Greedy route
+    state, decision = agent_step(state, settings, losses, np.array([0.5, 0.5]), 1, np.array([0]), 0, no_entry, 100)
+    assert decision.arm[0] == 1 and decision.controller[0] == RH  # not a Greedy wait until t = 5
