@@ -194,3 +194,42 @@ def test_sync_entry_in_block_mode_starts_its_first_block_at_round_one():
     assert decision.arm[0] == -1  # the entry round: the provisional Greedy route
     state, decision = agent_step(state, settings, losses, np.array([0.5, 0.5]), 1, np.array([0]), 0, no_entry, 100)
     assert decision.arm[0] == 1 and decision.controller[0] == RH  # not a Greedy wait until t = 5
+
+
+# ---------------------------------------------------------------- run config --
+def _run_config(**changes):
+    import tomllib
+    from pathlib import Path
+
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as stream:
+        config = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
+    return {**config, **changes}
+
+
+def test_run_config_preset_auto_keeps_the_paper_tasks_on_their_presets():
+    from fedroute.server.run_config import parse_run_config
+
+    paper = parse_run_config(_run_config(task="linear"))
+    assert paper.routing["exp3"] == method_settings("exp3", num_clusters=2, preset="linear")
+    assert paper.routing["sync-entry"] == method_settings("sync-entry", num_clusters=2, preset="linear")
+    own = parse_run_config(_run_config(task="boundaries", **{"num-clusters": 3}))
+    assert own.routing["exp3"] == method_settings("exp3", num_clusters=3)  # not a paper task: generic
+    generic = parse_run_config(_run_config(task="linear", preset="generic"))
+    assert generic.routing["exp3"] == method_settings("exp3", num_clusters=2)
+    chosen = parse_run_config(_run_config(task="boundaries", preset="characters"))
+    assert chosen.routing["exp3"] == method_settings("exp3", preset="characters")
+
+
+def test_run_config_new_routing_keys_are_validated_naming_the_key():
+    from fedroute.server.run_config import parse_run_config
+
+    settings = parse_run_config(_run_config(preset="generic", **{
+        "tie-breaking": "lowest", "exploitation-fraction": 0.25, "mass-threshold-inclusive": False,
+        "mass-threshold-unit": "mass", "reversal-mass-threshold": 0.3, "entry-max-candidates": 0}))
+    exp3 = settings.routing["exp3"]
+    assert (exp3.tie_breaking, exp3.exploitation_fraction, exp3.mass_threshold_inclusive, exp3.underused_mass,
+            exp3.entry_max_candidates) == ("lowest", 0.25, False, 0.3, 0)
+    for key, value in [("preset", "mnist"), ("exploitation-fraction", 1.0), ("mass-threshold-inclusive", "yes"),
+                       ("tie-breaking", "first"), ("entry-max-candidates", -1)]:
+        with pytest.raises(ValueError, match=f"'{key}'"):
+            parse_run_config(_run_config(**{key: value}))

@@ -180,7 +180,7 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
-    Scenario("digits", "digits", 4, 4, 250, 20, ("warm", "noisy", "random"), 40,
+    Scenario("digits", "digits", 4, 4, 250, 20, ("warm", "noisy", "random"), 80,
              "digits MLP 64-32-10, 4 rotation groups (0/90/180/270 deg), 24 clients, K = 4"),
     Scenario("boundaries", "boundaries", 3, 3, 100, 20, ("warm", "noisy", "random"), 30,
              "2-16-2 MLP, 3 groups with decision boundaries rotated by 0/120/240 deg, 15 clients, K = 3"),
@@ -520,7 +520,7 @@ def _rates(part: pd.DataFrame) -> dict[str, Any]:
         "recovered_of_greedy_failures": int(recovered.sum()),
         "recovery_rate": float(recovered.mean()) if len(failures) else float("nan"),
         "greedy_successes": len(successes),
-        "no_harm_of_greedy_successes": int(successes["no_harm"].fillna(True).astype(bool).sum()),
+        "no_harm_of_greedy_successes": int((successes["no_harm"] == 1).sum()),
         "no_harm_rate": float(successes["no_harm"].astype(float).mean()) if len(successes) else float("nan"),
         "mean_routed_test_loss": float(part["routed_test_loss"].mean()),
         "median_worst_ratio": float(part["worst_ratio"].median()),
