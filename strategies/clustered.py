@@ -562,6 +562,9 @@ class ClusteredRouting(Strategy):
     ) -> Iterable[Message]:
         """Messages for round ``server_round`` (``t = server_round - 1``)."""
         self._adopt(arrays)
+        if self.routing.exploitation_fraction > 0 and self._num_rounds < 1:
+            raise ValueError("routing with exploitation_fraction > 0 needs the run's number of rounds: "
+                             "run the strategy with start(grid, initial_arrays, num_rounds=T)")
         self._round_started = time.monotonic()
         self._grid = grid
         node_ids = self._sample_nodes(grid, server_round)

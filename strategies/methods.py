@@ -110,7 +110,8 @@ def method_settings(method: str, *positional: str, num_clusters: Optional[int] =
     if method not in METHODS:
         raise ValueError(f"method = {method!r} is invalid; allowed: {METHODS}")
     if preset is not None and preset not in PRESETS:
-        raise ValueError(f"preset = {preset!r} is invalid; allowed: None (the generic default) or one of {PRESETS}")
+        raise ValueError(f"preset = {preset!r} is invalid; allowed: None (the generic default) or the name of a "
+                         f"paper task: one of {PRESETS}")
     chosen = {key: value for key, value in overrides.items() if value is not None}
     if num_clusters is not None:
         chosen["num_clusters"] = num_clusters

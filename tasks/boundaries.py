@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
+from fedroute.tasks.base import validate_task_settings
 from fedroute.tasks.characters import CharactersClients, _init_parameters, client_batch, mlp_num_parameters
 
 __all__ = ["BoundariesTask"]
@@ -77,34 +78,24 @@ class BoundariesTask:
     name: str = "boundaries"
 
     def __post_init__(self) -> None:
-        for key in ("num_clients", "num_groups", "samples_per_client", "test_samples_per_client", "hidden_units",
-                    "local_steps", "seed"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"boundaries task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        for key in ("label_sharpness", "learning_rate"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not np.isfinite(value):
-                raise ValueError(f"boundaries task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: a finite number")
-        checks = [
-            (self.num_groups >= 1, "num-groups", self.num_groups, "an integer ≥ 1"),
-            (self.num_clients >= self.num_groups, "num-clients", self.num_clients,
-             f"an integer ≥ num-groups ({self.num_groups})"),
-            (self.samples_per_client >= 1, "samples-per-client", self.samples_per_client, "an integer ≥ 1"),
-            (self.test_samples_per_client >= 1, "test-samples-per-client", self.test_samples_per_client,
-             "an integer ≥ 1"),
-            (self.label_sharpness > 0, "label-sharpness", self.label_sharpness, "> 0"),
-            (self.hidden_units >= 1, "hidden-units", self.hidden_units, "an integer ≥ 1"),
-            (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
-            (self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0"),
-            (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"boundaries task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        validate_task_settings(
+            self, "boundaries",
+            ("num_clients", "num_groups", "samples_per_client", "test_samples_per_client", "hidden_units",
+             "local_steps", "seed"),
+            ("label_sharpness", "learning_rate"),
+            lambda: [
+                (self.num_groups >= 1, "num-groups", self.num_groups, "an integer ≥ 1"),
+                (self.num_clients >= self.num_groups, "num-clients", self.num_clients,
+                 f"an integer ≥ num-groups ({self.num_groups})"),
+                (self.samples_per_client >= 1, "samples-per-client", self.samples_per_client, "an integer ≥ 1"),
+                (self.test_samples_per_client >= 1, "test-samples-per-client", self.test_samples_per_client,
+                 "an integer ≥ 1"),
+                (self.label_sharpness > 0, "label-sharpness", self.label_sharpness, "> 0"),
+                (self.hidden_units >= 1, "hidden-units", self.hidden_units, "an integer ≥ 1"),
+                (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
+                (self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0"),
+                (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
+            ])
 
     @property
     def num_parameters(self) -> int:

@@ -42,6 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
+from fedroute.tasks.base import validate_task_settings
 from fedroute.tasks.characters import CharactersClients, _digits, _init_parameters, client_batch, mlp_num_parameters
 
 __all__ = ["DigitRotationsTask", "DecayedClients"]
@@ -105,33 +106,23 @@ class DigitRotationsTask:
     name: str = "digit-rotations"
 
     def __post_init__(self) -> None:
-        for key in ("num_clients", "num_groups", "hidden_units", "local_steps", "seed"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"digit-rotations task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        for key in ("test_fraction", "learning_rate", "weight_decay"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not np.isfinite(value):
-                raise ValueError(f"digit-rotations task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: a finite number")
-        checks = [
-            (1 <= self.num_groups <= 4, "num-groups", self.num_groups, "an integer in [1, 4]"),
-            (self.num_clients % self.num_groups == 0
-             and self.num_groups <= self.num_clients <= self.num_groups * (len(_digits()[1]) // 5),
-             "num-clients", self.num_clients,
-             f"a multiple of num-groups ({self.num_groups}) with at most {len(_digits()[1]) // 5} per group"),
-            (0 < self.test_fraction < 1, "test-fraction", self.test_fraction, "(0, 1)"),
-            (self.hidden_units >= 1, "hidden-units", self.hidden_units, "an integer ≥ 1"),
-            (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
-            (self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0"),
-            (self.weight_decay >= 0, "weight-decay", self.weight_decay, "≥ 0"),
-            (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"digit-rotations task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        per_group_limit = len(_digits()[1]) // 5
+        validate_task_settings(
+            self, "digit-rotations", ("num_clients", "num_groups", "hidden_units", "local_steps", "seed"),
+            ("test_fraction", "learning_rate", "weight_decay"),
+            lambda: [
+                (1 <= self.num_groups <= 4, "num-groups", self.num_groups, "an integer in [1, 4]"),
+                (self.num_clients % self.num_groups == 0
+                 and self.num_groups <= self.num_clients <= self.num_groups * per_group_limit,
+                 "num-clients", self.num_clients,
+                 f"a multiple of num-groups ({self.num_groups}) with at most {per_group_limit} per group"),
+                (0 < self.test_fraction < 1, "test-fraction", self.test_fraction, "(0, 1)"),
+                (self.hidden_units >= 1, "hidden-units", self.hidden_units, "an integer ≥ 1"),
+                (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
+                (self.learning_rate > 0, "learning-rate", self.learning_rate, "> 0"),
+                (self.weight_decay >= 0, "weight-decay", self.weight_decay, "≥ 0"),
+                (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
+            ])
 
     @property
     def num_parameters(self) -> int:

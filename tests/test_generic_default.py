@@ -233,3 +233,21 @@ def test_run_config_new_routing_keys_are_validated_naming_the_key():
                        ("tie-breaking", "first"), ("entry-max-candidates", -1)]:
         with pytest.raises(ValueError, match=f"'{key}'"):
             parse_run_config(_run_config(**{key: value}))
+
+
+# ---------------------------------------------------------------- strategy --
+def test_strategy_refuses_an_exploitation_phase_without_the_number_of_rounds():
+    """The phase needs T; ``start(num_rounds=T)`` broadcasts it (``num-rounds``, covered by the Flower runs)."""
+    from flwr.app import ConfigRecord
+
+    from fedroute.strategies.clustered import ClusteredRouting
+    from fedroute.strategies.records import pack_cluster_models
+
+    class Grid:
+        def get_node_ids(self):
+            return [1, 2]
+
+    models = [{"weights": np.zeros(3)} for _ in range(2)]
+    strategy = ClusteredRouting(method_settings("exp3", num_clusters=2), min_available_nodes=2)
+    with pytest.raises(ValueError, match="num_rounds=T"):
+        strategy.configure_train(1, pack_cluster_models(models), ConfigRecord(), Grid())

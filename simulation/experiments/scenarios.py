@@ -72,8 +72,8 @@ from numpy.typing import NDArray
 from fedroute.client.randomness import Purpose, generator
 from fedroute.client.settings import RoutingSettings
 from fedroute.simulation.cli import REPRODUCE_COMMANDS
-from fedroute.simulation.experiments.common import number, print_claims
-from fedroute.simulation.experiments.linear import _COLOURS, _json_default, _write_table
+from fedroute.simulation.experiments.common import number, print_claims, write_radius_outputs
+from fedroute.simulation.experiments.linear import _COLOURS
 from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.metrics import assignment_accuracy, routed_loss, usable_models
 from fedroute.simulation.plotting import pyplot, save_figure
@@ -633,16 +633,12 @@ def write_scenarios(results: ScenarioResults, config: ScenarioConfig, out_dir: s
                     elapsed_seconds: Optional[float] = None) -> list[dict[str, Any]]:
     """Write the tables, figures, ``claims.json`` and ``config.json`` into ``out_dir``; return the claims."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stem, table in (("runs", results.runs), ("summary", results.summary), ("methods", results.methods),
-                        ("references", results.references)):
-        _write_table(table.reset_index(drop=True), out, stem)
     claims = scenario_claims(results, config)
-    (out / "claims.json").write_text(json.dumps(claims, indent=2, default=_json_default) + "\n")
     settings = config.to_json()
     if elapsed_seconds is not None:
         settings["sweep_seconds"] = round(elapsed_seconds, 2)
-    (out / "config.json").write_text(json.dumps(settings, indent=2, default=_json_default) + "\n")
+    write_radius_outputs(out, {"runs": results.runs, "summary": results.summary, "methods": results.methods,
+                               "references": results.references}, claims, settings)
     _plot(results, config, out / "figures")
     return claims
 
