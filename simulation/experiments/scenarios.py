@@ -61,7 +61,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -238,8 +238,16 @@ def fedavg_warm_start(task: Task, model: NDArray[np.floating], rounds: int, seed
     return history.cluster_models[-1, 0, 0]
 
 
+@lru_cache(maxsize=256)
 def initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.floating]:
-    """``W^0`` of a cell (see the module docstring), shape (K, P)."""
+    """``W^0`` of a cell (see the module docstring), shape (K, P), read-only (cached: every method of a
+    cell starts from it, and the warm start costs ``warm_rounds`` rounds of FedAvg)."""
+    models = _initial_models(scenario, start, seed)
+    models.flags.writeable = False
+    return models
+
+
+def _initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.floating]:
     task, num_clusters = scenario.make_task(seed), scenario.num_clusters
     if start in ("warm", "noisy"):
         warm = fedavg_warm_start(task, _random_models(task, 1)[0], scenario.warm_rounds, seed)
@@ -251,12 +259,12 @@ def initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.floa
             models = (models + scale * noise).astype(warm.dtype)
         return models
     if start == "random":
-        return _random_models(task, num_clusters)
+        return np.array(_random_models(task, num_clusters))
     if start == "collapsed":
         if isinstance(task, CollinearTask):
             return replace(task, init="collapsed").initial_models(num_clusters)
         if isinstance(task, GMMTask):
-            return task.initial_models(num_clusters)
+            return np.array(task.initial_models(num_clusters))
         raise ValueError(f"scenario {scenario.name!r} has no collapsed start")
     raise ValueError(f"start = {start!r} is invalid; allowed: one of {STARTS}")
 
