@@ -344,13 +344,13 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
     return pd.DataFrame(rows)
 
 
-def _simulate_last_models(tasks, settings, num_rounds, seeds):
+def _simulate_last_models(tasks, settings, num_rounds, seeds, **progress):
     """The batched simulator recording only ``W^{T−1}`` and ``W^T`` (what the reduce needs)."""
-    return simulate_batch(tasks, settings, num_rounds, seeds, model_rounds=[num_rounds - 1, num_rounds])
+    return simulate_batch(tasks, settings, num_rounds, seeds, model_rounds=[num_rounds - 1, num_rounds], **progress)
 
 
-def _simulate_fedcam(tasks, settings, num_rounds, seeds):
-    history = simulate_fedcam_batch(tasks, settings, num_rounds, seeds)
+def _simulate_fedcam(tasks, settings, num_rounds, seeds, **progress):
+    history = simulate_fedcam_batch(tasks, settings, num_rounds, seeds, **progress)
     return replace(history, cluster_models=history.cluster_models[-2:])
 
 
