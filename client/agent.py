@@ -20,7 +20,8 @@ Timing conventions (``docs/algorithm.md``):
 * Exploitation phase (``exploitation_fraction > 0``): from round
   ``settings.exploitation_start(T)`` every client executes Greedy, draws no
   arm, makes no EXP3 update (a block or action in progress is dropped) and
-  leaves any episode.
+  leaves any episode; with ``exploitation_consolidates`` its Greedy choice
+  skips the clusters that were underused in the previous round.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client import controllers as ctl
-from fedroute.client.entry import entry_candidates, entry_decision
+from fedroute.client.entry import entry_candidates, entry_decision, underused_clusters
 from fedroute.client.exp3 import arm_probabilities, expected_route_loss, importance_weighted_update
 from fedroute.client.randomness import Purpose, categorical, uniform
 from fedroute.client.settings import RoutingSettings
@@ -234,6 +235,10 @@ def agent_step(
         if num_rounds is None:
             raise ValueError("exploitation_fraction > 0 needs num_rounds (the run's T) at every round")
         if round_index >= settings.exploitation_start(num_rounds):
+            if settings.exploitation_consolidates and previous_masses is not None:
+                spare = underused_clusters(np.broadcast_to(previous_masses, losses.shape), settings.underused_mass,
+                                           settings.mass_threshold_inclusive)
+                greedy_choice = ctl.consolidating_greedy_routes(losses, spare, tie_uniforms)
             return _exploit(state, losses, greedy_choice)
     arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
     greedy_code, hysteresis_code = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]

@@ -19,6 +19,7 @@ __all__ = [
     "COMMITMENT",
     "HYSTERESIS",
     "greedy_routes",
+    "consolidating_greedy_routes",
     "one_hot",
     "greedy",
     "rank_hedge",
@@ -53,6 +54,34 @@ def greedy_routes(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np
     pick = np.floor(np.asarray(tie_uniforms) * tied).astype(np.int64)
     chosen = np.argmax(np.cumsum(is_lowest, axis=-1) > pick[..., None], axis=-1)
     return np.where(tied > 0, chosen, np.argmin(losses, axis=-1)).astype(np.int64)  # a NaN row: np.argmin
+
+
+def consolidating_greedy_routes(
+    losses: NDArray[np.float64], spare: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]] = None
+) -> NDArray[np.int64]:
+    """Greedy that skips the *spare* clusters, unless every cluster is spare.
+
+    The exploitation phase's consolidation (``exploitation_consolidates``): a client
+    does not pick a cluster that was underused in the previous round, so the few
+    clients left on a spare model join the model their group trains.  A client for
+    which every cluster is spare keeps plain Greedy.
+
+    Parameters
+    ----------
+    losses : ndarray, shape (n, K)
+    spare : ndarray of bool, shape (n, K) or (K,)
+        Clusters to skip (the previous round's underused clusters).
+    tie_uniforms : ndarray, shape (n,), optional
+        As in :func:`greedy_routes`, over the clusters that remain.
+
+    Returns
+    -------
+    ndarray of int, shape (n,)
+    """
+    losses = np.asarray(losses, dtype=np.float64)
+    spare = np.broadcast_to(np.asarray(spare, dtype=bool), losses.shape)
+    skipped = spare & ~spare.all(axis=-1, keepdims=True)
+    return greedy_routes(np.where(skipped, np.inf, losses), tie_uniforms)
 
 
 def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]:

@@ -19,11 +19,19 @@ from numpy.typing import NDArray
 
 from fedroute.client.settings import INCLUSIVE_SLACK
 
-__all__ = ["LocalUpdate", "entry_candidates", "entry_benefits", "entry_decision"]
+__all__ = ["LocalUpdate", "underused_clusters", "entry_candidates", "entry_benefits", "entry_decision"]
 
 LocalUpdate = Callable[[NDArray[np.floating], NDArray[np.int64], int], NDArray[np.floating]]
 """``local_update(models (m, P), client_index (m,), round_index) -> (m, P)``: the
 task's local training applied to model row ``j`` on client ``client_index[j]``."""
+
+
+def underused_clusters(masses: NDArray[np.float64], mass_threshold: float, inclusive: bool = False
+                       ) -> NDArray[np.bool_]:
+    """Which clusters are underused: ``μ_k < threshold``, or ``μ_k ≤ threshold`` (plus
+    :data:`~fedroute.client.settings.INCLUSIVE_SLACK`) when ``inclusive``; same shape as ``masses``."""
+    masses = np.asarray(masses, dtype=np.float64)
+    return masses <= mass_threshold + INCLUSIVE_SLACK if inclusive else masses < mass_threshold
 
 
 def entry_candidates(
@@ -56,8 +64,7 @@ def entry_candidates(
     """
     masses = np.broadcast_to(np.asarray(masses, dtype=np.float64), (len(greedy_routes), np.shape(masses)[-1]))
     num_clusters = masses.shape[-1]
-    underused = masses <= mass_threshold + INCLUSIVE_SLACK if inclusive else masses < mass_threshold
-    candidates = underused & (np.arange(num_clusters)[None, :] != greedy_routes[:, None])
+    candidates = underused_clusters(masses, mass_threshold, inclusive) & (np.arange(num_clusters)[None, :] != greedy_routes[:, None])
     if max_candidates <= 0 or max_candidates >= num_clusters - 1:
         return candidates
     if losses is None:

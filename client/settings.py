@@ -75,6 +75,12 @@ class RoutingSettings:
         ``T`` rounds are an exploitation phase — every client executes Greedy,
         draws no arm, makes no EXP3 update and leaves any episode.  ``0`` (paper
         presets) = none.  Needs ``T`` (``num_rounds``) at every round.
+    exploitation_consolidates : bool
+        In the exploitation phase, Greedy skips the clusters that were underused
+        in the previous round (the entry rule: ``underused_mass``,
+        ``mass_threshold_inclusive``) unless every cluster was: a handful of
+        clients left on a spare model joins the model its group trains.
+        ``False`` in the presets (which have no exploitation phase).
     """
 
     num_clusters: int = 2
@@ -96,6 +102,7 @@ class RoutingSettings:
     mass_threshold_inclusive: bool = False
     entry_max_candidates: int = 0
     exploitation_fraction: float = 0.0
+    exploitation_consolidates: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -108,7 +115,7 @@ class RoutingSettings:
             value = getattr(self, name)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
-        for name in ("synchronized_entry", "mass_threshold_inclusive"):
+        for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,

@@ -45,6 +45,7 @@ _ROUTING_KEYS = {
     "hysteresis-max-rounds": "hysteresis_max_rounds",
     "tie-breaking": "tie_breaking",
     "exploitation-fraction": "exploitation_fraction",
+    "exploitation-consolidates": "exploitation_consolidates",
     "mass-threshold-unit": "mass_threshold_unit",
     "mass-threshold-inclusive": "mass_threshold_inclusive",
     "entry-max-candidates": "entry_max_candidates",

@@ -58,6 +58,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     rank_hedge_temperature=0.0,
     tie_breaking="random",
     exploitation_fraction=0.5,
+    exploitation_consolidates=True,
     mass_threshold_unit="fair-share",
     reversal_mass_threshold=0.4,
     mass_threshold_inclusive=True,

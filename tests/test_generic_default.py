@@ -29,6 +29,7 @@ def test_generic_default_is_not_a_paper_preset():
     assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == GENERIC_DEFAULTS["exploitation_fraction"] > 0
     assert exp3.mass_threshold_unit == "fair-share" and exp3.mass_threshold_inclusive
     assert exp3.entry_max_candidates == GENERIC_DEFAULTS["entry_max_candidates"] > 0
+    assert exp3.exploitation_consolidates
     sync = method_settings("sync-entry", num_clusters=4)
     assert sync.synchronized_entry and sync.controllers == exp3.controllers
     greedy = method_settings("greedy", num_clusters=4)
@@ -41,8 +42,8 @@ def test_presets_keep_every_paper_behaviour(method, preset):
     settings = method_settings(method, num_clusters=3, preset=preset)
     paper = RoutingSettings()
     for name in ("tie_breaking", "mass_threshold_unit", "mass_threshold_inclusive", "entry_max_candidates",
-                 "exploitation_fraction", "reversal_mass_threshold", "block_length", "exp3_learning_rate",
-                 "exp3_exploration"):
+                 "exploitation_fraction", "exploitation_consolidates", "reversal_mass_threshold", "block_length",
+                 "exp3_learning_rate", "exp3_exploration"):
         assert getattr(settings, name) == getattr(paper, name), name
     assert settings.num_clusters == 3
 
@@ -67,6 +68,7 @@ def test_new_fields_are_validated_naming_the_field():
                            (dict(exploitation_fraction=-0.1), "exploitation_fraction"),
                            (dict(mass_threshold_unit="share"), "mass_threshold_unit"),
                            (dict(mass_threshold_inclusive=1), "mass_threshold_inclusive"),
+                           (dict(exploitation_consolidates="yes"), "exploitation_consolidates"),
                            (dict(entry_max_candidates=-1), "entry_max_candidates"),
                            (dict(entry_max_candidates=1.5), "entry_max_candidates"),
                            (dict(mass_threshold_unit="fair-share", num_clusters=3, reversal_mass_threshold=3.5),
@@ -79,7 +81,7 @@ def test_new_fields_are_validated_naming_the_field():
 def test_underused_mass_scales_with_the_fair_share_and_round_trips():
     settings = RoutingSettings(num_clusters=8, mass_threshold_unit="fair-share", reversal_mass_threshold=0.4,
                                mass_threshold_inclusive=True, tie_breaking="random", exploitation_fraction=0.25,
-                               entry_max_candidates=2)
+                               entry_max_candidates=2, exploitation_consolidates=True)
     assert settings.underused_mass == pytest.approx(0.05)
     assert RoutingSettings(reversal_mass_threshold=0.2).underused_mass == 0.2
     assert RoutingSettings.from_dict(settings.to_dict()) == settings
@@ -182,6 +184,34 @@ def test_exploitation_phase_is_greedy_without_arms_updates_or_episodes():
         agent_step(state, settings, losses, None, 5, np.arange(2), 0)
 
 
+def test_consolidating_greedy_skips_spare_clusters_unless_every_cluster_is_spare():
+    losses = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [3.0, 1.0, 1.0], [2.0, 1.0, 3.0]])
+    spare = np.array([[True, False, False], [False, False, False], [False, True, False], [True, True, True]])
+    # row 0: its best (0) is spare -> next best 1; row 1: nothing spare -> Greedy; row 2: the tie 1/2 is
+    # resolved among the non-spare only; row 3: every cluster spare -> plain Greedy.
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, spare), [1, 0, 2, 1])
+    uniforms = np.array([0.9, 0.9, 0.0, 0.9])
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, spare, uniforms), [1, 0, 2, 1])
+    # a (K,) mask applies to every client
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, np.array([True, False, False])),
+                                  [1, 1, 1, 1])  # row 2: tie 1/2 after skipping 0, lowest index
+
+
+@pytest.mark.parametrize("consolidates", [True, False])
+def test_exploitation_phase_consolidates_the_clients_left_on_an_underused_cluster(consolidates):
+    settings = RoutingSettings(num_clusters=3, controllers=("gr", "rh"), exploitation_fraction=0.5,
+                               mass_threshold_unit="fair-share", reversal_mass_threshold=0.4,
+                               mass_threshold_inclusive=True, exploitation_consolidates=consolidates)
+    state = AgentState.initial(3, settings)
+    losses = np.array([[1.0, 1.1, 5.0], [2.0, 1.0, 5.0], [5.0, 5.0, 1.0]])
+    masses = np.array([0.1, 0.6, 0.3])  # cluster 0 at 0.1 ≤ 0.4/3: underused
+    _, decision = agent_step(state, settings, losses, masses, 5, np.arange(3), 0, num_rounds=10)
+    np.testing.assert_array_equal(decision.routes, [1, 1, 2] if consolidates else [0, 1, 2])
+    # no masses yet (t = 0 of a run that starts in the phase): plain Greedy
+    _, first = agent_step(state, settings, losses, None, 5, np.arange(3), 0, num_rounds=10)
+    np.testing.assert_array_equal(first.routes, [0, 1, 2])
+
+
 def test_sync_entry_in_block_mode_starts_its_first_block_at_round_one():
     settings = replace(method_settings("sync-entry", num_clusters=2), exp3_exploration=0.0, block_length=5)
     state = replace(AgentState.initial(1, settings), exp3_log_weights=np.array([[-1000.0, 0.0]]))
@@ -225,11 +255,14 @@ def test_run_config_new_routing_keys_are_validated_naming_the_key():
 
     settings = parse_run_config(_run_config(preset="generic", **{
         "tie-breaking": "lowest", "exploitation-fraction": 0.25, "mass-threshold-inclusive": False,
-        "mass-threshold-unit": "mass", "reversal-mass-threshold": 0.3, "entry-max-candidates": 0}))
+        "mass-threshold-unit": "mass", "reversal-mass-threshold": 0.3, "entry-max-candidates": 0,
+        "exploitation-consolidates": False}))
     exp3 = settings.routing["exp3"]
     assert (exp3.tie_breaking, exp3.exploitation_fraction, exp3.mass_threshold_inclusive, exp3.underused_mass,
-            exp3.entry_max_candidates) == ("lowest", 0.25, False, 0.3, 0)
+            exp3.entry_max_candidates, exp3.exploitation_consolidates) == ("lowest", 0.25, False, 0.3, 0, False)
+    assert parse_run_config(_run_config(preset="generic")).routing["exp3"].exploitation_consolidates
     for key, value in [("preset", "mnist"), ("exploitation-fraction", 1.0), ("mass-threshold-inclusive", "yes"),
+                       ("exploitation-consolidates", "yes"), ("exploitation-consolidates", 1),
                        ("tie-breaking", "first"), ("entry-max-candidates", -1)]:
         with pytest.raises(ValueError, match=f"'{key}'"):
             parse_run_config(_run_config(**{key: value}))
