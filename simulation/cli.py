@@ -259,8 +259,6 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--config", default=PAPER_CONFIG, metavar="NAME",
                            help=f"a named configuration (default {PAPER_CONFIG}: the paper's; written to "
                                 f"OUT/<experiment>-<name>)" + (f"; {named}" if named else ""))
-    reproduce.add_argument("--study", action="store_true", help="scenarios: the study behind the generic "
-                           "default (its variants on the development seeds) instead of the suite")
     reproduce.add_argument("--workers", type=int, default=1, help="parallel workers (results do not depend on it)")
     reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
     reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from fedroute.simulation.cli import main
 from fedroute.simulation.experiments.scenarios import (
+    DEV_FIRST_SEED,
     SCENARIOS,
     ScenarioConfig,
     StartedTask,
@@ -78,6 +80,17 @@ def test_config_rejects_bad_values_naming_the_field():
                          (dict(methods=("exp3",)), "methods"), (dict(first_seed=-1), "first_seed")]:
         with pytest.raises(ValueError, match=f"'{key}'"):
             ScenarioConfig(**changes)
+
+
+def test_study_config_runs_the_variants_on_the_development_seeds(capsys):
+    study = ScenarioConfig.study()
+    assert study.first_seed == DEV_FIRST_SEED > ScenarioConfig().first_seed + ScenarioConfig().seeds - 1
+    consolidating = study.settings("default", SCENARIOS["gmm-k4"])
+    plain = study.settings("no-consolidation", SCENARIOS["gmm-k4"])
+    assert consolidating.exploitation_consolidates and not plain.exploitation_consolidates
+    assert plain == replace(consolidating, exploitation_consolidates=False)
+    assert main(["reproduce", "scenarios", "--config", "studies", "--out", "unused"]) == 2
+    assert "'studies' is invalid; allowed: paper, study" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ Starts (:func:`initial_models`)
 ``random``     ``K`` independent random models (the tasks' default initialisations; GMM:
                standard normal parameters);
 ``collapsed``  the paper's collapsed start where the task has one (collinear: ``w_0 = θ̄``, the
-               others at distance 3 orthogonal to the groups' line; GMM: ``ū(12) + 0.1 e_k``).
+               others at distance 3 orthogonal to the groups' line; GMM: E5's collapsed entrance,
+               ``ū(12) + 0.1 e_k`` conditioned on a model unused at round 0, ``GMMTask.initial_models``).
 
 Per run (``runs.*``)
 --------------------
@@ -50,7 +51,7 @@ within ``T``).  Figures: ``figures/scenarios.{png,pdf}`` (sep∧conv rate per sc
 and method) and ``figures/methods.{png,pdf}``.  ``claims.json``: the issue's done criteria.
 
 Seeds: the suite runs on the *evaluation* seeds ``0 … seeds−1``; the generic default was
-chosen on the *development* seeds ``DEV_FIRST_SEED …`` (``--study`` re-runs that study:
+chosen on the *development* seeds ``DEV_FIRST_SEED …`` (``--config study`` re-runs that study:
 the variants of :data:`STUDY_VARIANTS` on the development seeds).  The defaults were never
 tuned on the evaluation seeds.
 """
@@ -71,7 +72,7 @@ from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
 from fedroute.client.settings import RoutingSettings
-from fedroute.simulation.cli import REPRODUCE_COMMANDS
+from fedroute.simulation.cli import REPRODUCE_COMMANDS, REPRODUCE_CONFIGS, named_config
 from fedroute.simulation.experiments.common import number, print_claims, write_radius_outputs
 from fedroute.simulation.experiments.linear import _COLOURS
 from fedroute.simulation.fedcam import simulate_fedcam_batch
@@ -365,8 +366,9 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "exploit-0.3": {"exploitation_fraction": 0.3},
     "default": {},
     "exploit-0.7": {"exploitation_fraction": 0.7},
+    "no-consolidation": {"exploitation_consolidates": False},
 }
-"""``--study``: EXP3 variants compared on the development seeds (``method_settings("exp3", **v)``;
+"""``--config study``: EXP3 variants compared on the development seeds (``method_settings("exp3", **v)``;
 ``preset`` selects a paper configuration)."""
 
 
@@ -433,7 +435,7 @@ class ScenarioConfig:
 
     @classmethod
     def study(cls, **overrides: Any) -> "ScenarioConfig":
-        """``--study``: the EXP3 variants of :data:`STUDY_VARIANTS` and Greedy on the development seeds."""
+        """``--config study``: the EXP3 variants of :data:`STUDY_VARIANTS` and Greedy on the development seeds."""
         return cls(**{"first_seed": DEV_FIRST_SEED, "methods": ("greedy", *STUDY_VARIANTS),
                       "variants": dict(STUDY_VARIANTS), "name": "scenarios-study", **overrides})
 
@@ -652,8 +654,12 @@ def write_scenarios(results: ScenarioResults, config: ScenarioConfig, out_dir: s
 
 
 def run_scenarios_command(args: argparse.Namespace) -> int:
-    """``fedroute reproduce scenarios [--quick | --study] [--out OUT] [--workers N] [--ray-address A]``."""
-    if getattr(args, "study", False):
+    """``fedroute reproduce scenarios [--config paper|study] [--quick] [--out OUT] [--workers N] [--ray-address A]``.
+
+    ``paper`` (the default name) is the suite on the evaluation seeds; ``study`` the study behind the
+    generic default on the development seeds.
+    """
+    if named_config(args) == "study":
         config = ScenarioConfig.study(quick=bool(getattr(args, "quick", False)))
     else:
         config = ScenarioConfig.quick_config() if getattr(args, "quick", False) else ScenarioConfig()
@@ -676,3 +682,4 @@ def run_scenarios_command(args: argparse.Namespace) -> int:
 
 
 REPRODUCE_COMMANDS["scenarios"] = run_scenarios_command
+REPRODUCE_CONFIGS["scenarios"] = {"study": "the study behind the generic default: its variants on the development seeds"}
