@@ -37,7 +37,8 @@ from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
 from fedroute.tasks.base import validate_task_settings
-from fedroute.tasks.characters import CharactersClients, _init_parameters, client_batch, mlp_num_parameters
+from fedroute.tasks.characters import CharactersClients, _init_parameters, client_batch, mlp_num_parameters, \
+    zero_output_layer
 
 __all__ = ["BoundariesTask"]
 
@@ -135,3 +136,7 @@ class BoundariesTask:
         """``K`` independent default initialisations, shape (K, P) float32."""
         return np.stack([_init_parameters(self.seed, 2, self.hidden_units, 2, stream=k)
                          for k in range(num_clusters)])
+
+    def initial_global_model(self) -> NDArray[np.float32]:
+        """FedCAM's ``Θ_glob^0`` (output-sum form): the first initial model with a zero output layer."""
+        return zero_output_layer(self.initial_models(1)[0], 2, self.hidden_units, 2)

@@ -173,6 +173,7 @@ __all__ = [
     "entry_threshold_from_benefits",
     "client_batch",
     "digit_clients",
+    "zero_output_layer",
     "mlp_forward",
     "mlp_num_parameters",
     "pretraining_table",
@@ -243,6 +244,14 @@ def _offsets(inputs: int, hidden: int, classes: int) -> tuple[int, int, int, int
     b1 = w1 + hidden
     w2 = b1 + classes * hidden
     return w1, b1, w2, w2 + classes
+
+
+def zero_output_layer(model: NDArray[np.floating], inputs: int, hidden: int, classes: int) -> NDArray[np.floating]:
+    """A copy of a flat MLP ``model`` with its output layer (``W2, b2``) set to zero: its output is 0 for
+    every input while its hidden layer still passes gradients (FedCAM's ``Θ_glob^0``, output-sum form)."""
+    start = np.array(model, copy=True)
+    start[_offsets(inputs, hidden, classes)[1]:] = 0.0
+    return start
 
 
 def _split(flat: Any, inputs: int, hidden: int, classes: int) -> tuple[Any, Any, Any, Any]:
@@ -721,9 +730,7 @@ class TransformedCharactersTask:
         ``W^0`` exactly; the hidden layer is not zero, so the global part receives gradients
         (with an all-zero network every gradient but the output bias's would vanish for ever).
         """
-        start = _prepared(self._data_key()).base.copy()
-        start[_offsets(self.input_size, self.hidden_units, self.classes)[1]:] = 0.0
-        return start
+        return zero_output_layer(_prepared(self._data_key()).base, self.input_size, self.hidden_units, self.classes)
 
     def initial_models(self, num_clusters: int = 2) -> NDArray[np.float32]:
         """``W^0``: ``w_0^0 = w_mix``, ``w_1^0 = (1−α) ξ + α w_trans`` (float32, shape (2, P))."""

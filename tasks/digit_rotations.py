@@ -36,14 +36,15 @@ from ``generator(seed, k, 0, Purpose.INIT)``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
 from fedroute.tasks.base import validate_task_settings
-from fedroute.tasks.characters import CharactersClients, _digits, _init_parameters, client_batch, mlp_num_parameters
+from fedroute.tasks.characters import CharactersClients, _digits, _init_parameters, client_batch, mlp_num_parameters, \
+    zero_output_layer
 
 __all__ = ["DigitRotationsTask", "DecayedClients"]
 
@@ -68,6 +69,23 @@ class DecayedClients(CharactersClients):
             weights -= np.float32(self.learning_rate) * (self.gradients(weights, client_index)
                                                         + np.float32(self.weight_decay) * weights)
         return weights
+
+    def output_sum_update(
+        self, global_models: NDArray[np.floating], cluster_models: NDArray[np.floating],
+        client_index: NDArray[np.int64], round_index: int,
+    ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        """FedCAM's output-sum steps with the same decay: each step ``θ ← θ − (η/2)(∇L + λ θ)`` on both parts."""
+        if self.weight_decay == 0:
+            return super().output_sum_update(global_models, cluster_models, client_index, round_index)
+        single = replace(self, local_steps=1)
+        glob = np.array(global_models, dtype=np.float32, copy=True)
+        cluster = np.array(cluster_models, dtype=np.float32, copy=True)
+        decay = np.float32(0.5 * self.learning_rate * self.weight_decay)
+        for _ in range(self.local_steps):
+            stepped_glob, stepped_cluster = CharactersClients.output_sum_update(single, glob, cluster, client_index,
+                                                                                round_index)
+            glob, cluster = stepped_glob - decay * glob, stepped_cluster - decay * cluster
+        return glob, cluster
 
 
 @dataclass(frozen=True)
@@ -165,3 +183,7 @@ class DigitRotationsTask:
         """``K`` independent default initialisations, shape (K, P) float32."""
         return np.stack([_init_parameters(self.seed, _PIXELS, self.hidden_units, _CLASSES, stream=k)
                          for k in range(num_clusters)])
+
+    def initial_global_model(self) -> NDArray[np.float32]:
+        """FedCAM's ``Θ_glob^0`` (output-sum form): the first initial model with a zero output layer."""
+        return zero_output_layer(self.initial_models(1)[0], _PIXELS, self.hidden_units, _CLASSES)

@@ -70,12 +70,13 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.client.fedcam import task_uses_output_sum
 from fedroute.client.randomness import Purpose, generator
 from fedroute.client.settings import RoutingSettings
 from fedroute.simulation.cli import REPRODUCE_COMMANDS, REPRODUCE_CONFIGS, named_config
 from fedroute.simulation.experiments.common import number, print_claims, write_radius_outputs
 from fedroute.simulation.experiments.linear import _COLOURS
-from fedroute.simulation.fedcam import simulate_fedcam_batch
+from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.metrics import assignment_accuracy, routed_loss, usable_models
 from fedroute.simulation.plotting import pyplot, save_figure
 from fedroute.simulation.simulator import BatchHistory, concatenate_clients, simulate_batch
@@ -214,6 +215,12 @@ class StartedTask:
         """The wrapped task's clients."""
         return self.task.clients(client_ids)
 
+    def __getattr__(self, name: str) -> Any:
+        # FedCAM's output-sum form asks the task for ``initial_global_model`` (where it has one).
+        if name == "initial_global_model":
+            return getattr(self.task, name)
+        raise AttributeError(name)
+
     def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
         """The fixed ``W^0`` (``num_clusters`` must be its ``K``)."""
         if num_clusters != len(self.start_models):
@@ -350,9 +357,19 @@ def _simulate_last_models(tasks, settings, num_rounds, seeds, **progress):
     return simulate_batch(tasks, settings, num_rounds, seeds, model_rounds=[num_rounds - 1, num_rounds], **progress)
 
 
+def make_fedcam_cell_task(cell: dict[str, Any]) -> Any:
+    """FedCAM's view of a cell: where the task runs FedCAM's output-sum form (the MLP tasks) its models are
+    the pairs ``[Θ_glob | Θ_k]`` and its clients score them (:class:`~fedroute.simulation.fedcam.FedCAMTask`);
+    elsewhere (additive form) the cell's task itself."""
+    task = make_cell_task(cell)
+    return FedCAMTask(task) if task_uses_output_sum(task) else task
+
+
 def _simulate_fedcam(tasks, settings, num_rounds, seeds, **progress):
-    history = simulate_fedcam_batch(tasks, settings, num_rounds, seeds, **progress)
-    return replace(history, cluster_models=history.cluster_models[-2:])
+    """FedCAM on the cells' tasks, recording ``W^{T−1}`` and ``W^T`` (pairs in the output-sum form)."""
+    tasks = [task.task if isinstance(task, FedCAMTask) else task for task in tasks]
+    return simulate_fedcam_batch(tasks, settings, num_rounds, seeds, model_rounds=[num_rounds - 1, num_rounds],
+                                 **progress)
 
 
 # --------------------------------------------------------------------------- #
@@ -460,7 +477,8 @@ class ScenarioConfig:
         """The sweep spec of a run name on a scenario."""
         return SweepSpec(
             method=method, settings=self.settings(method, scenario), num_rounds=self.rounds(scenario),
-            make_task=make_cell_task, reduce=partial(reduce_scenario, num_groups=scenario.num_groups),
+            make_task=make_fedcam_cell_task if method == "fedcam" else make_cell_task,
+            reduce=partial(reduce_scenario, num_groups=scenario.num_groups),
             simulate=_simulate_fedcam if method == "fedcam" else _simulate_last_models,
         )
 
