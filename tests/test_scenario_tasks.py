@@ -61,6 +61,31 @@ def test_digit_rotations_groups_see_the_pool_rotated_and_decay_the_weights():
         DigitRotationsTask(num_clients=10)
 
 
+@pytest.mark.parametrize("make_task", [lambda: DigitRotationsTask(num_clients=8, seed=1), lambda: BoundariesTask(seed=2)])
+def test_fedcam_global_start_has_zero_output_and_the_first_models_hidden_layer(make_task):
+    task = make_task()
+    start, first = task.initial_global_model(), task.initial_models(1)[0]
+    clients = task.clients(np.arange(4))
+    hidden_end = clients.hidden_units * (clients.train_inputs.shape[-1] + 1)
+    np.testing.assert_array_equal(start[:hidden_end], first[:hidden_end])
+    assert not start[hidden_end:].any() and first[hidden_end:].any()
+    # h(x; Θ_glob^0) = 0: the combined predictor's losses are the cluster models' own
+    models = task.initial_models(2)
+    np.testing.assert_allclose(clients.output_sum_losses(start, models), clients.losses(models), rtol=1e-6)
+
+
+def test_digit_rotations_fedcam_steps_decay_both_parts():
+    task = DigitRotationsTask(num_clients=8, seed=1, local_steps=1)
+    decayed = task.clients(np.arange(8))
+    plain = DigitRotationsTask(num_clients=8, seed=1, local_steps=1, weight_decay=0.0).clients(np.arange(8))
+    glob = np.repeat(task.initial_global_model()[None], 2, axis=0)
+    cluster, index = task.initial_models(2), np.array([0, 5])
+    got, want = decayed.output_sum_update(glob, cluster, index, 0), plain.output_sum_update(glob, cluster, index, 0)
+    shrink = np.float32(0.5 * task.learning_rate * task.weight_decay)
+    np.testing.assert_allclose(got[0], want[0] - shrink * glob, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1], want[1] - shrink * cluster, rtol=1e-5, atol=1e-7)
+
+
 def test_collinear_groups_and_collapsed_start():
     task = CollinearTask(seed=2, init="collapsed")
     theta = task.group_parameters

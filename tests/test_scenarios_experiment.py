@@ -18,6 +18,7 @@ from fedroute.simulation.experiments.scenarios import (
     StartedTask,
     _judge,
     initial_models,
+    make_fedcam_cell_task,
     reference_losses,
 )
 
@@ -80,6 +81,19 @@ def test_config_rejects_bad_values_naming_the_field():
                          (dict(methods=("exp3",)), "methods"), (dict(first_seed=-1), "first_seed")]:
         with pytest.raises(ValueError, match=f"'{key}'"):
             ScenarioConfig(**changes)
+
+
+def test_fedcam_sees_pairs_on_the_mlp_scenarios_and_combined_models_elsewhere():
+    from fedroute.simulation.fedcam import FedCAMTask
+
+    digits = make_fedcam_cell_task({"scenario": "digits", "start": "random", "seed": 0})
+    assert isinstance(digits, FedCAMTask)
+    start = digits.initial_models(4)  # [Θ_glob^0 | W^0]: the scenario's start behind the task's global start
+    parameters = digits.task.task.num_parameters
+    np.testing.assert_array_equal(start[:, parameters:], digits.task.start_models)
+    np.testing.assert_array_equal(start[0, :parameters], digits.task.task.initial_global_model())
+    gmm = make_fedcam_cell_task({"scenario": "gmm", "start": "random", "seed": 0})
+    assert isinstance(gmm, StartedTask) and not hasattr(gmm, "initial_global_model")
 
 
 def test_study_config_runs_the_variants_on_the_development_seeds(capsys):
