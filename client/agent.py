@@ -238,7 +238,8 @@ def agent_step(
             if settings.exploitation_consolidates and previous_masses is not None:
                 spare = underused_clusters(np.broadcast_to(previous_masses, losses.shape), settings.underused_mass,
                                            settings.mass_threshold_inclusive)
-                greedy_choice = ctl.consolidating_greedy_routes(losses, spare, tie_uniforms)
+                greedy_choice = ctl.consolidating_greedy_routes(losses, spare, tie_uniforms,
+                                                                settings.consolidation_loss_ratio)
             return _exploit(state, losses, greedy_choice)
     arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
     greedy_code, hysteresis_code = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]

@@ -57,14 +57,16 @@ def greedy_routes(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np
 
 
 def consolidating_greedy_routes(
-    losses: NDArray[np.float64], spare: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]] = None
+    losses: NDArray[np.float64], spare: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]] = None,
+    loss_ratio: float = float("inf"),
 ) -> NDArray[np.int64]:
-    """Greedy that skips the *spare* clusters, unless every cluster is spare.
+    """Greedy that skips the *spare* clusters, for the clients that have a close alternative.
 
     The exploitation phase's consolidation (``exploitation_consolidates``): a client
     does not pick a cluster that was underused in the previous round, so the few
-    clients left on a spare model join the model their group trains.  A client for
-    which every cluster is spare keeps plain Greedy.
+    clients left on a spare model join the model their group trains.  A client keeps
+    plain Greedy when every cluster is spare, or when its best non-spare loss exceeds
+    ``loss_ratio ×`` its best loss (the spare model is the only one that serves it).
 
     Parameters
     ----------
@@ -73,6 +75,8 @@ def consolidating_greedy_routes(
         Clusters to skip (the previous round's underused clusters).
     tie_uniforms : ndarray, shape (n,), optional
         As in :func:`greedy_routes`, over the clusters that remain.
+    loss_ratio : float
+        ``ρ ≥ 1`` (default: no guard).
 
     Returns
     -------
@@ -80,7 +84,8 @@ def consolidating_greedy_routes(
     """
     losses = np.asarray(losses, dtype=np.float64)
     spare = np.broadcast_to(np.asarray(spare, dtype=bool), losses.shape)
-    skipped = spare & ~spare.all(axis=-1, keepdims=True)
+    alternative = np.where(spare, np.inf, losses).min(axis=-1, keepdims=True)  # +inf when every cluster is spare
+    skipped = spare & np.isfinite(alternative) & (alternative <= loss_ratio * losses.min(axis=-1, keepdims=True))
     return greedy_routes(np.where(skipped, np.inf, losses), tie_uniforms)
 
 

@@ -81,6 +81,10 @@ class RoutingSettings:
         ``mass_threshold_inclusive``) unless every cluster was: a handful of
         clients left on a spare model joins the model its group trains.
         ``False`` in the presets (which have no exploitation phase).
+    consolidation_loss_ratio : float
+        ``ρ ≥ 1``: consolidation moves a client off an underused cluster only if its
+        best other cluster's training loss is at most ``ρ ×`` its best loss (a spare
+        copy of its group's model, not the only model that serves it).  ``2.0``.
     """
 
     num_clusters: int = 2
@@ -103,6 +107,7 @@ class RoutingSettings:
     entry_max_candidates: int = 0
     exploitation_fraction: float = 0.0
     exploitation_consolidates: bool = False
+    consolidation_loss_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -111,7 +116,8 @@ class RoutingSettings:
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
-                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction"):
+                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction",
+                     "consolidation_loss_ratio"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
@@ -141,6 +147,7 @@ class RoutingSettings:
                "an integer ≥ 0 (0 = every underused cluster)")
         _check(self.tie_breaking in TIE_BREAKING, "tie_breaking", self.tie_breaking, f"one of {TIE_BREAKING}")
         _check(0.0 <= self.exploitation_fraction < 1.0, "exploitation_fraction", self.exploitation_fraction, "[0, 1)")
+        _check(self.consolidation_loss_ratio >= 1.0, "consolidation_loss_ratio", self.consolidation_loss_ratio, "≥ 1")
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
         _check(self.hysteresis_min_rounds >= 1, "hysteresis_min_rounds",
                self.hysteresis_min_rounds, "an integer ≥ 1")

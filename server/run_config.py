@@ -46,6 +46,7 @@ _ROUTING_KEYS = {
     "tie-breaking": "tie_breaking",
     "exploitation-fraction": "exploitation_fraction",
     "exploitation-consolidates": "exploitation_consolidates",
+    "consolidation-loss-ratio": "consolidation_loss_ratio",
     "mass-threshold-unit": "mass_threshold_unit",
     "mass-threshold-inclusive": "mass_threshold_inclusive",
     "entry-max-candidates": "entry_max_candidates",

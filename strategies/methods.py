@@ -59,6 +59,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     tie_breaking="random",
     exploitation_fraction=0.5,
     exploitation_consolidates=True,
+    consolidation_loss_ratio=2.0,
     mass_threshold_unit="fair-share",
     reversal_mass_threshold=0.4,
     mass_threshold_inclusive=True,
