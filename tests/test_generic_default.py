@@ -29,7 +29,7 @@ def test_generic_default_is_not_a_paper_preset():
     assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == GENERIC_DEFAULTS["exploitation_fraction"] > 0
     assert exp3.mass_threshold_unit == "fair-share" and exp3.mass_threshold_inclusive
     assert exp3.entry_max_candidates == GENERIC_DEFAULTS["entry_max_candidates"] > 0
-    assert exp3.exploitation_consolidates
+    assert exp3.exploitation_consolidates and exp3.consolidation_loss_ratio == 2.0
     sync = method_settings("sync-entry", num_clusters=4)
     assert sync.synchronized_entry and sync.controllers == exp3.controllers
     greedy = method_settings("greedy", num_clusters=4)
@@ -69,6 +69,8 @@ def test_new_fields_are_validated_naming_the_field():
                            (dict(mass_threshold_unit="share"), "mass_threshold_unit"),
                            (dict(mass_threshold_inclusive=1), "mass_threshold_inclusive"),
                            (dict(exploitation_consolidates="yes"), "exploitation_consolidates"),
+                           (dict(consolidation_loss_ratio=0.5), "consolidation_loss_ratio"),
+                           (dict(consolidation_loss_ratio=float("nan")), "consolidation_loss_ratio"),
                            (dict(entry_max_candidates=-1), "entry_max_candidates"),
                            (dict(entry_max_candidates=1.5), "entry_max_candidates"),
                            (dict(mass_threshold_unit="fair-share", num_clusters=3, reversal_mass_threshold=3.5),
@@ -192,6 +194,10 @@ def test_consolidating_greedy_skips_spare_clusters_unless_every_cluster_is_spare
     np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, spare), [1, 0, 2, 1])
     uniforms = np.array([0.9, 0.9, 0.0, 0.9])
     np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, spare, uniforms), [1, 0, 2, 1])
+    # the guard: row 0's next best (2.0) is 2x its best (1.0) -> skipped at ratio 2, kept at ratio 1.5;
+    # row 2's alternatives are tied with its best -> skipped either way
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, spare, loss_ratio=2.0), [1, 0, 2, 1])
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, spare, loss_ratio=1.5), [0, 0, 2, 1])
     # a (K,) mask applies to every client
     np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, np.array([True, False, False])),
                                   [1, 1, 1, 1])  # row 2: tie 1/2 after skipping 0, lowest index
@@ -207,6 +213,10 @@ def test_exploitation_phase_consolidates_the_clients_left_on_an_underused_cluste
     masses = np.array([0.1, 0.6, 0.3])  # cluster 0 at 0.1 ≤ 0.4/3: underused
     _, decision = agent_step(state, settings, losses, masses, 5, np.arange(3), 0, num_rounds=10)
     np.testing.assert_array_equal(decision.routes, [1, 1, 2] if consolidates else [0, 1, 2])
+    # the guard: client 0's alternative (1.1) is above 1.05 x its best (1.0): it stays on cluster 0
+    _, guarded = agent_step(state, replace(settings, consolidation_loss_ratio=1.05), losses, masses, 5,
+                            np.arange(3), 0, num_rounds=10)
+    np.testing.assert_array_equal(guarded.routes, [0, 1, 2])
     # no masses yet (t = 0 of a run that starts in the phase): plain Greedy
     _, first = agent_step(state, settings, losses, None, 5, np.arange(3), 0, num_rounds=10)
     np.testing.assert_array_equal(first.routes, [0, 1, 2])
@@ -256,13 +266,15 @@ def test_run_config_new_routing_keys_are_validated_naming_the_key():
     settings = parse_run_config(_run_config(preset="generic", **{
         "tie-breaking": "lowest", "exploitation-fraction": 0.25, "mass-threshold-inclusive": False,
         "mass-threshold-unit": "mass", "reversal-mass-threshold": 0.3, "entry-max-candidates": 0,
-        "exploitation-consolidates": False}))
+        "exploitation-consolidates": False, "consolidation-loss-ratio": 3.0}))
     exp3 = settings.routing["exp3"]
     assert (exp3.tie_breaking, exp3.exploitation_fraction, exp3.mass_threshold_inclusive, exp3.underused_mass,
-            exp3.entry_max_candidates, exp3.exploitation_consolidates) == ("lowest", 0.25, False, 0.3, 0, False)
+            exp3.entry_max_candidates, exp3.exploitation_consolidates, exp3.consolidation_loss_ratio
+            ) == ("lowest", 0.25, False, 0.3, 0, False, 3.0)
     assert parse_run_config(_run_config(preset="generic")).routing["exp3"].exploitation_consolidates
     for key, value in [("preset", "mnist"), ("exploitation-fraction", 1.0), ("mass-threshold-inclusive", "yes"),
                        ("exploitation-consolidates", "yes"), ("exploitation-consolidates", 1),
+                       ("consolidation-loss-ratio", 0.5),
                        ("tie-breaking", "first"), ("entry-max-candidates", -1)]:
         with pytest.raises(ValueError, match=f"'{key}'"):
             parse_run_config(_run_config(**{key: value}))
