@@ -84,7 +84,8 @@ class RoutingSettings:
     consolidation_loss_ratio : float
         ``ρ ≥ 1``: consolidation moves a client off an underused cluster only if its
         best other cluster's training loss is at most ``ρ ×`` its best loss (a spare
-        copy of its group's model, not the only model that serves it).  ``2.0``.
+        copy of its group's model, not the only model that serves it).  ``2.0``;
+        ``inf`` = no guard.
     """
 
     num_clusters: int = 2
@@ -116,8 +117,7 @@ class RoutingSettings:
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
-                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction",
-                     "consolidation_loss_ratio"):
+                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
@@ -147,7 +147,9 @@ class RoutingSettings:
                "an integer ≥ 0 (0 = every underused cluster)")
         _check(self.tie_breaking in TIE_BREAKING, "tie_breaking", self.tie_breaking, f"one of {TIE_BREAKING}")
         _check(0.0 <= self.exploitation_fraction < 1.0, "exploitation_fraction", self.exploitation_fraction, "[0, 1)")
-        _check(self.consolidation_loss_ratio >= 1.0, "consolidation_loss_ratio", self.consolidation_loss_ratio, "≥ 1")
+        _check(isinstance(self.consolidation_loss_ratio, (int, float, np.integer, np.floating))
+               and not isinstance(self.consolidation_loss_ratio, bool) and self.consolidation_loss_ratio >= 1.0,
+               "consolidation_loss_ratio", self.consolidation_loss_ratio, "a number ≥ 1 (inf: no guard)")
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
         _check(self.hysteresis_min_rounds >= 1, "hysteresis_min_rounds",
                self.hysteresis_min_rounds, "an integer ≥ 1")

@@ -71,6 +71,7 @@ def test_new_fields_are_validated_naming_the_field():
                            (dict(exploitation_consolidates="yes"), "exploitation_consolidates"),
                            (dict(consolidation_loss_ratio=0.5), "consolidation_loss_ratio"),
                            (dict(consolidation_loss_ratio=float("nan")), "consolidation_loss_ratio"),
+                           (dict(consolidation_loss_ratio="2"), "consolidation_loss_ratio"),
                            (dict(entry_max_candidates=-1), "entry_max_candidates"),
                            (dict(entry_max_candidates=1.5), "entry_max_candidates"),
                            (dict(mass_threshold_unit="fair-share", num_clusters=3, reversal_mass_threshold=3.5),

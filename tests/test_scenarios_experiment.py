@@ -103,6 +103,7 @@ def test_study_config_runs_the_variants_on_the_development_seeds(capsys):
     plain = study.settings("no-consolidation", SCENARIOS["gmm-k4"])
     assert consolidating.exploitation_consolidates and not plain.exploitation_consolidates
     assert plain == replace(consolidating, exploitation_consolidates=False)
+    assert study.settings("no-guard", SCENARIOS["gmm-k4"]) == replace(consolidating, consolidation_loss_ratio=np.inf)
     assert main(["reproduce", "scenarios", "--config", "studies", "--out", "unused"]) == 2
     assert "'studies' is invalid; allowed: paper, study" in capsys.readouterr().err
 

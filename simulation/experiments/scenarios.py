@@ -384,6 +384,7 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "exploit-0.7": {"exploitation_fraction": 0.7},
     "no-consolidation": {"exploitation_consolidates": False},
+    "no-guard": {"consolidation_loss_ratio": float("inf")},
 }
 """``--config study``: EXP3 variants compared on the development seeds (``method_settings("exp3", **v)``;
 ``preset`` selects a paper configuration)."""
