@@ -34,6 +34,7 @@ CLUSTER_PREFIX = "cluster-"
 # Config keys (server → client).
 SERVER_ROUND = "server-round"
 ROUND_INDEX = "round-index"
+NUM_ROUNDS = "num-rounds"
 PHASE = "phase"
 MASSES = "masses"
 HAS_MASSES = "has-masses"

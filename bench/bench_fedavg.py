@@ -156,7 +156,7 @@ def make_strategy(config: dict[str, Any]) -> tuple[Any, Any]:
         initial: Any = ArrayRecord(make_model(seed * 100).state_dict())
     else:
         num_clusters = int(config["num-clusters"])
-        strategy = TimedRouting(method_settings("exp3", "characters", num_clusters=num_clusters),
+        strategy = TimedRouting(method_settings("exp3", preset="characters", num_clusters=num_clusters),
                                 fraction_train=fraction, min_available_nodes=min_nodes,
                                 min_train_nodes=min(2, min_nodes), seed=seed, evaluate_at_end=False)
         initial = cluster_models_from_torch([make_model(seed * 100 + k) for k in range(num_clusters)])
@@ -523,7 +523,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
              "| `aggregate_train` total |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ks:
-        strategy = ClusteredRouting(method_settings("exp3", "characters", num_clusters=k),
+        strategy = ClusteredRouting(method_settings("exp3", preset="characters", num_clusters=k),
                                     min_available_nodes=num_clients)
         strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
         messages = strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), Nodes())

@@ -9,12 +9,19 @@ Timing conventions (``docs/algorithm.md``):
 
 * Block mode: arms are drawn at rounds ``t ≡ 0 (mod B)`` and updated after
   rounds ``t ≡ B-1 (mod B)``.  A client in a forced episode draws no arm.
+  With synchronized entry (round 0 is the entry round) the first block
+  starts at ``t = 1`` (it is one round shorter).
 * Action mode: a client with no action in force draws an arm; Greedy, Rank
   Hedge, Reversal and Commitment actions last one round; a hysteresis action
   lasts until its episode is released (release round included), or one round
   if its entry test finds no qualifying candidate.
 * A client with no arm in force (before its first draw after a forced
   episode) acts greedily and gives no EXP3 feedback.
+* Exploitation phase (``exploitation_fraction > 0``): from round
+  ``settings.exploitation_start(T)`` every client executes Greedy, draws no
+  arm, makes no EXP3 update (a block or action in progress is dropped) and
+  leaves any episode; with ``exploitation_consolidates`` its Greedy choice
+  skips the clusters that were underused in the previous round.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client import controllers as ctl
-from fedroute.client.entry import entry_candidates, entry_decision
+from fedroute.client.entry import entry_candidates, entry_decision, underused_clusters
 from fedroute.client.exp3 import arm_probabilities, expected_route_loss, importance_weighted_update
 from fedroute.client.randomness import Purpose, categorical, uniform
 from fedroute.client.settings import RoutingSettings
@@ -183,6 +190,7 @@ def agent_step(
     client_ids: NDArray[np.int64],
     seed: int | NDArray[np.int64],
     benefit_fn: Optional[BenefitFunction] = None,
+    num_rounds: Optional[int] = None,
 ) -> tuple[AgentState, RoundDecision]:
     """One routing round for a batch of clients.
 
@@ -207,6 +215,8 @@ def agent_step(
     benefit_fn : BenefitFunction, optional
         Computes entry benefits; required when an entry test can run
         (synchronized entry or a ``hys`` arm).
+    num_rounds : int, optional
+        The run's ``T``; required when ``settings.exploitation_fraction > 0``.
 
     Returns
     -------
@@ -218,7 +228,19 @@ def agent_step(
     if num_clusters != settings.num_clusters:
         raise ValueError(f"losses has {num_clusters} columns; expected num_clusters = {settings.num_clusters}")
     client_ids = np.asarray(client_ids, dtype=np.int64)
-    greedy_choice = ctl.greedy_routes(losses)
+    tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
+                    if settings.tie_breaking == "random" else None)
+    greedy_choice = ctl.greedy_routes(losses, tie_uniforms)
+    if settings.exploitation_fraction > 0:
+        if num_rounds is None:
+            raise ValueError("exploitation_fraction > 0 needs num_rounds (the run's T) at every round")
+        if round_index >= settings.exploitation_start(num_rounds):
+            if settings.exploitation_consolidates and previous_masses is not None:
+                spare = underused_clusters(np.broadcast_to(previous_masses, losses.shape), settings.underused_mass,
+                                           settings.mass_threshold_inclusive)
+                greedy_choice = ctl.consolidating_greedy_routes(losses, spare, tie_uniforms,
+                                                                settings.consolidation_loss_ratio)
+            return _exploit(state, losses, greedy_choice)
     arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
     greedy_code, hysteresis_code = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]
     entry_round = settings.synchronized_entry and round_index == 0
@@ -227,7 +249,9 @@ def agent_step(
     if entry_round:
         needs_arm = np.zeros(num_clients, dtype=bool)
     elif settings.exp3_mode == "block":
-        needs_arm = np.full(num_clients, round_index % settings.block_length == 0) & ~state.forced_episode
+        # Blocks start at t ≡ 0 (mod B); after a synchronized-entry round the first block starts at t = 1.
+        block_start = round_index % settings.block_length == 0 or (settings.synchronized_entry and round_index == 1)
+        needs_arm = np.full(num_clients, block_start) & ~state.forced_episode
         # A new block ends any unforced episode.
         ended = needs_arm & (state.hysteresis_target >= 0)
         state = replace(
@@ -246,7 +270,8 @@ def agent_step(
     entered = np.zeros(num_clients, dtype=bool)
     if wants_entry.any() and previous_masses is not None:
         candidates = entry_candidates(np.asarray(previous_masses, dtype=np.float64), greedy_choice,
-                                      settings.reversal_mass_threshold) & wants_entry[:, None]
+                                      settings.underused_mass, settings.mass_threshold_inclusive,
+                                      settings.entry_max_candidates, losses) & wants_entry[:, None]
         if candidates.any():
             if benefit_fn is None:
                 raise ValueError("benefit_fn is required when an entry test runs")
@@ -274,7 +299,7 @@ def agent_step(
     # 4. Route distributions per executed controller.
     executed = np.where(follows_target, hysteresis_code, np.where(has_arm, arm_code, greedy_code))
     executed = np.where((executed == hysteresis_code) & ~follows_target, greedy_code, executed)
-    distributions = ctl.greedy(losses)
+    distributions = ctl.one_hot(greedy_choice, num_clusters)
     rows = executed == CONTROLLER_INDEX[ctl.RANK_HEDGE]
     if rows.any():
         distributions[rows] = ctl.rank_hedge(losses[rows], settings.rank_hedge_temperature)
@@ -284,7 +309,8 @@ def agent_step(
         distributions[rows] = ctl.reversal(losses[rows], np.broadcast_to(masses, losses.shape)[rows])
     rows = executed == CONTROLLER_INDEX[ctl.COMMITMENT]
     if rows.any():
-        distributions[rows] = ctl.commitment(losses[rows], state.previous_route[rows], settings.commitment_margin)
+        distributions[rows] = ctl.commitment(losses[rows], state.previous_route[rows], settings.commitment_margin,
+                                             None if tie_uniforms is None else tie_uniforms[rows])
     if follows_target.any():
         distributions[follows_target] = ctl.one_hot(state.hysteresis_target[follows_target], num_clusters)
 
@@ -327,5 +353,28 @@ def agent_step(
         entered=entered,
         released=released,
         exp3_updated=updates,
+    )
+    return new_state, decision
+
+
+def _exploit(
+    state: AgentState, losses: NDArray[np.float64], greedy_choice: NDArray[np.int64],
+) -> tuple[AgentState, RoundDecision]:
+    """A round of the exploitation phase: Greedy for everyone, no arm, no EXP3 update, no episode."""
+    num_clients, num_clusters = losses.shape
+    distributions = ctl.one_hot(greedy_choice, num_clusters)
+    routes = greedy_choice.copy()
+    minus_one = np.full(num_clients, -1, dtype=np.int64)
+    no = np.zeros(num_clients, dtype=bool)
+    new_state = replace(
+        state, arm=minus_one, feedback_sum=np.zeros(num_clients), feedback_rounds=np.zeros(num_clients, np.int64),
+        hysteresis_target=minus_one.copy(), hysteresis_count=np.zeros(num_clients, np.int64),
+        forced_episode=no.copy(), previous_route=routes, rounds_played=state.rounds_played + 1,
+    )
+    decision = RoundDecision(
+        routes=routes, route_distributions=distributions,
+        controller=np.full(num_clients, CONTROLLER_INDEX[ctl.GREEDY], dtype=np.int64), arm=minus_one.copy(),
+        feedback=expected_route_loss(distributions, losses), entered=no.copy(),
+        released=state.hysteresis_target >= 0, exp3_updated=no.copy(),
     )
     return new_state, decision

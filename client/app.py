@@ -88,9 +88,9 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
     """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained)."""
-    _, _, models, _, clients = _received(message, context)
+    config, settings, models, _, clients = _received(message, context)
     return reply(message, {
-        protocol.CLUSTER: int(provisional_greedy_routes(clients, models)[0]),
+        protocol.CLUSTER: int(provisional_greedy_routes(clients, models, settings, int(config[protocol.SEED]))[0]),
         protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
         protocol.CLIENT_ID: int(clients.client_ids[0]),
     })

@@ -6,6 +6,8 @@ shape ``(n, K)`` and the result ``(n, K)`` holds one distribution per client.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -17,6 +19,7 @@ __all__ = [
     "COMMITMENT",
     "HYSTERESIS",
     "greedy_routes",
+    "consolidating_greedy_routes",
     "one_hot",
     "greedy",
     "rank_hedge",
@@ -28,9 +31,62 @@ GREEDY, RANK_HEDGE, REVERSAL, COMMITMENT, HYSTERESIS = "gr", "rh", "rev", "com",
 CONTROLLER_IDS = (GREEDY, RANK_HEDGE, REVERSAL, COMMITMENT, HYSTERESIS)
 
 
-def greedy_routes(losses: NDArray[np.float64]) -> NDArray[np.int64]:
-    """Lowest-loss cluster per client, ties to the lowest index."""
-    return np.argmin(losses, axis=-1).astype(np.int64)
+def greedy_routes(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np.float64]] = None
+                  ) -> NDArray[np.int64]:
+    """Lowest-loss cluster per client.
+
+    Parameters
+    ----------
+    losses : ndarray, shape (n, K)
+    tie_uniforms : ndarray, shape (n,), optional
+        Without it, ties go to the lowest index (``np.argmin``).  With it, a
+        client whose smallest loss is shared *exactly* by ``m`` clusters takes
+        the ``⌊u·m⌋``-th of them (in index order): uniform among the tied.
+
+    Returns
+    -------
+    ndarray of int, shape (n,)
+    """
+    if tie_uniforms is None:
+        return np.argmin(losses, axis=-1).astype(np.int64)
+    is_lowest = losses == losses.min(axis=-1, keepdims=True)
+    tied = is_lowest.sum(axis=-1)
+    pick = np.floor(np.asarray(tie_uniforms) * tied).astype(np.int64)
+    chosen = np.argmax(np.cumsum(is_lowest, axis=-1) > pick[..., None], axis=-1)
+    return np.where(tied > 0, chosen, np.argmin(losses, axis=-1)).astype(np.int64)  # a NaN row: np.argmin
+
+
+def consolidating_greedy_routes(
+    losses: NDArray[np.float64], spare: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]] = None,
+    loss_ratio: float = float("inf"),
+) -> NDArray[np.int64]:
+    """Greedy that skips the *spare* clusters, for the clients that have a close alternative.
+
+    The exploitation phase's consolidation (``exploitation_consolidates``): a client
+    does not pick a cluster that was underused in the previous round, so the few
+    clients left on a spare model join the model their group trains.  A client keeps
+    plain Greedy when every cluster is spare, or when its best non-spare loss exceeds
+    ``loss_ratio ×`` its best loss (the spare model is the only one that serves it).
+
+    Parameters
+    ----------
+    losses : ndarray, shape (n, K)
+    spare : ndarray of bool, shape (n, K) or (K,)
+        Clusters to skip (the previous round's underused clusters).
+    tie_uniforms : ndarray, shape (n,), optional
+        As in :func:`greedy_routes`, over the clusters that remain.
+    loss_ratio : float
+        ``ρ ≥ 1`` (default: no guard).
+
+    Returns
+    -------
+    ndarray of int, shape (n,)
+    """
+    losses = np.asarray(losses, dtype=np.float64)
+    spare = np.broadcast_to(np.asarray(spare, dtype=bool), losses.shape)
+    alternative = np.where(spare, np.inf, losses).min(axis=-1, keepdims=True)  # +inf when every cluster is spare
+    skipped = spare & np.isfinite(alternative) & (alternative <= loss_ratio * losses.min(axis=-1, keepdims=True))
+    return greedy_routes(np.where(skipped, np.inf, losses), tie_uniforms)
 
 
 def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]:
@@ -38,9 +94,9 @@ def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]
     return np.eye(num_clusters, dtype=np.float64)[routes]
 
 
-def greedy(losses: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Greedy (IFCA): ``π = e_{argmin_k ℓ_k}``, ties to the lowest index."""
-    return one_hot(greedy_routes(losses), losses.shape[-1])
+def greedy(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np.float64]] = None) -> NDArray[np.float64]:
+    """Greedy (IFCA): ``π = e_{argmin_k ℓ_k}``; ties as in :func:`greedy_routes`."""
+    return one_hot(greedy_routes(losses, tie_uniforms), losses.shape[-1])
 
 
 def rank_hedge(losses: NDArray[np.float64], temperature: float) -> NDArray[np.float64]:
@@ -69,14 +125,15 @@ def reversal(losses: NDArray[np.float64], masses: NDArray[np.float64]) -> NDArra
 
 
 def commitment(
-    losses: NDArray[np.float64], previous_routes: NDArray[np.int64], margin: float
+    losses: NDArray[np.float64], previous_routes: NDArray[np.int64], margin: float,
+    tie_uniforms: Optional[NDArray[np.float64]] = None,
 ) -> NDArray[np.float64]:
     """Commitment: keep the previous route unless another is better by ``margin``.
 
     Switch to ``argmin ℓ`` only if ``min ℓ < (1 - δ) ℓ_prev``; a client with no
-    previous route (``-1``) acts greedily.
+    previous route (``-1``) acts greedily (ties as in :func:`greedy_routes`).
     """
-    best = greedy_routes(losses)
+    best = greedy_routes(losses, tie_uniforms)
     has_previous = previous_routes >= 0
     safe_previous = np.where(has_previous, previous_routes, 0)
     previous_loss = np.take_along_axis(losses, safe_previous[:, None], axis=-1)[:, 0]

@@ -50,7 +50,9 @@ def routing_reply(message: Message, context: Context, config: dict[str, Any], se
     round_index, client_id = int(config[protocol.ROUND_INDEX]), int(clients.client_ids[0])
     directory = state_directory(context)
     state = load_agent_state(context, run_key, settings, round_index, client_id, directory)
-    result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]))
+    num_rounds = int(config[protocol.NUM_ROUNDS]) if protocol.NUM_ROUNDS in config else None
+    result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]),
+                          num_rounds)
     save_agent_state(context, run_key, result.state, round_index, client_id, directory)
     decision = result.decision
     trained = protocol.unflatten_arrays(result.trained_models[0], template)

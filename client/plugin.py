@@ -267,7 +267,7 @@ def routing_query(
     client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id))
     models, _ = _cluster_models(message, settings.num_clusters, client)
     return reply(message, {
-        protocol.CLUSTER: int(provisional_greedy_routes(client, models)[0]),
+        protocol.CLUSTER: int(provisional_greedy_routes(client, models, settings, int(config[protocol.SEED]))[0]),
         protocol.NUM_EXAMPLES: num_examples_metric(client.num_examples[0]),
         protocol.CLIENT_ID: int(client.client_ids[0]),
     })

@@ -43,6 +43,8 @@ class Purpose(IntEnum):
     """Randomness inside a probe update (synchronized entry)."""
     TRAIN = 8
     """Randomness inside local training (mini-batches)."""
+    TIE = 9
+    """Random tie-breaking among exactly equal losses (``tie_breaking = "random"``)."""
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

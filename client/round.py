@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from fedroute.client.agent import AgentState, RoundDecision, agent_step
 from fedroute.client.controllers import greedy_routes
 from fedroute.client.entry import entry_benefits
+from fedroute.client.randomness import Purpose, uniform
 from fedroute.client.settings import RoutingSettings
 from fedroute.tasks.base import ClientBatch
 
@@ -44,6 +45,7 @@ def client_round(
     previous_masses: Optional[NDArray[np.float64]],
     round_index: int,
     seed: int | NDArray[np.int64],
+    num_rounds: Optional[int] = None,
 ) -> ClientRound:
     """Run round ``t`` of ALGORITHM.md §2 step 2 for every client of the batch.
 
@@ -63,6 +65,8 @@ def client_round(
         ``t`` (0-based).
     seed : int or ndarray of int, shape (n,)
         Run seed (one per client when several runs are batched).
+    num_rounds : int, optional
+        The run's ``T`` (needed by an exploitation phase, ``settings.exploitation_fraction > 0``).
 
     Returns
     -------
@@ -74,7 +78,7 @@ def client_round(
         return entry_benefits(cluster_models, candidate_mask, greedy_choice, clients.local_update, round_index)
 
     new_state, decision = agent_step(
-        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn
+        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn, num_rounds
     )
     rows = np.arange(len(decision.routes))
     routed = cluster_models[rows, decision.routes] if cluster_models.ndim == 3 else cluster_models[decision.routes]
@@ -82,6 +86,16 @@ def client_round(
     return ClientRound(state=new_state, decision=decision, losses=losses, trained_models=trained)
 
 
-def provisional_greedy_routes(clients: ClientBatch, cluster_models: NDArray[np.floating]) -> NDArray[np.int64]:
-    """Step 1 of synchronized entry: each client's Greedy choice at ``W^0`` (nothing trained)."""
-    return greedy_routes(clients.losses(cluster_models))
+def provisional_greedy_routes(
+    clients: ClientBatch, cluster_models: NDArray[np.floating], settings: Optional[RoutingSettings] = None,
+    seed: int | NDArray[np.int64] = 0,
+) -> NDArray[np.int64]:
+    """Step 1 of synchronized entry: each client's Greedy choice at ``W^0`` (nothing trained).
+
+    With ``settings.tie_breaking = "random"`` exact ties are broken by the
+    client's round-0 ``TIE`` draw — the same draw as its round-0 Greedy choice.
+    """
+    tie_uniforms = None
+    if settings is not None and settings.tie_breaking == "random":
+        tie_uniforms = uniform(seed, clients.client_ids, 0, Purpose.TIE)
+    return greedy_routes(clients.losses(cluster_models), tie_uniforms)

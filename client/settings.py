@@ -9,9 +9,13 @@ import numpy as np
 
 from fedroute.client.controllers import CONTROLLER_IDS
 
-__all__ = ["RoutingSettings", "EXP3_MODES"]
+__all__ = ["RoutingSettings", "EXP3_MODES", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK"]
 
 EXP3_MODES = ("block", "action")
+TIE_BREAKING = ("lowest", "random")
+MASS_THRESHOLD_UNITS = ("mass", "fair-share")
+INCLUSIVE_SLACK = 1e-9
+"""Rounding slack of an inclusive mass threshold: ``μ_k ≤ threshold + slack`` (``3/15 ≤ 0.6/3`` must hold)."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,20 @@ class RoutingSettings:
     commitment_margin : float
         ``δ_com`` in ``[0, 1)``.
     reversal_mass_threshold : float
-        ``μ_rev`` in ``[0, 1]``: clusters with mass below it are entry candidates.
+        ``μ_rev``: the mass below which a cluster is *underused* (an entry
+        candidate).  In ``[0, 1]`` with ``mass_threshold_unit = "mass"``; in
+        ``[0, K]`` with ``"fair-share"``, where it counts fair shares ``1/K``
+        (``0.4`` means ``0.4/K``).
+    mass_threshold_unit : {"mass", "fair-share"}
+        Unit of ``reversal_mass_threshold``: an absolute mass (paper presets),
+        or a multiple of the fair share ``1/K`` (scales with ``K``).
+    mass_threshold_inclusive : bool
+        ``True``: underused means ``μ_k ≤ threshold`` (with a rounding slack of
+        :data:`INCLUSIVE_SLACK`); ``False`` (paper presets): ``μ_k < threshold``.
+    entry_max_candidates : int
+        At most this many candidates per entry test (≥ 0; ``0`` = every
+        underused cluster, the paper presets): the lightest clusters, ties to
+        the lower training loss, then the lower index.
     entry_threshold : float
         ``τ`` in ``[-1, 1]``: a client enters if its smallest benefit is ``≤ τ``.
     hysteresis_min_rounds : int
@@ -49,6 +66,26 @@ class RoutingSettings:
         ``H_max`` (≥ ``H_min``).
     synchronized_entry : bool
         Run the synchronized entry of §6 before the first training round.
+    tie_breaking : {"lowest", "random"}
+        Greedy choice among exactly equal losses: the lowest index (paper
+        presets, ``np.argmin``), or uniformly at random from the client's
+        ``(seed, client, round, TIE)`` draw (identical models split the clients).
+    exploitation_fraction : float
+        In ``[0, 1)``: the last ``round(exploitation_fraction · T)`` of the run's
+        ``T`` rounds are an exploitation phase — every client executes Greedy,
+        draws no arm, makes no EXP3 update and leaves any episode.  ``0`` (paper
+        presets) = none.  Needs ``T`` (``num_rounds``) at every round.
+    exploitation_consolidates : bool
+        In the exploitation phase, Greedy skips the clusters that were underused
+        in the previous round (the entry rule: ``underused_mass``,
+        ``mass_threshold_inclusive``) unless every cluster was: a handful of
+        clients left on a spare model joins the model its group trains.
+        ``False`` in the presets (which have no exploitation phase).
+    consolidation_loss_ratio : float
+        ``ρ ≥ 1``: consolidation moves a client off an underused cluster only if its
+        best other cluster's training loss is at most ``ρ ×`` its best loss (a spare
+        copy of its group's model, not the only model that serves it).  ``2.0``;
+        ``inf`` = no guard.
     """
 
     num_clusters: int = 2
@@ -65,19 +102,27 @@ class RoutingSettings:
     hysteresis_exit_gap: float = 0.005
     hysteresis_max_rounds: int = 160
     synchronized_entry: bool = False
+    tie_breaking: str = "lowest"
+    mass_threshold_unit: str = "mass"
+    mass_threshold_inclusive: bool = False
+    entry_max_candidates: int = 0
+    exploitation_fraction: float = 0.0
+    exploitation_consolidates: bool = False
+    consolidation_loss_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
-        for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds"):
+        for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds",
+                     "entry_max_candidates"):
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
-                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap"):
+                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
-        _check(isinstance(self.synchronized_entry, (bool, np.bool_)), "synchronized_entry",
-               self.synchronized_entry, "true or false")
+        for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates"):
+            _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,
                f"a non-empty subset of {sorted(CONTROLLER_IDS)}")
@@ -92,8 +137,19 @@ class RoutingSettings:
         _check(self.rank_hedge_temperature >= 0, "rank_hedge_temperature",
                self.rank_hedge_temperature, "≥ 0")
         _check(0.0 <= self.commitment_margin < 1.0, "commitment_margin", self.commitment_margin, "[0, 1)")
-        _check(0.0 <= self.reversal_mass_threshold <= 1.0, "reversal_mass_threshold",
-               self.reversal_mass_threshold, "[0, 1]")
+        _check(self.mass_threshold_unit in MASS_THRESHOLD_UNITS, "mass_threshold_unit", self.mass_threshold_unit,
+               f"one of {MASS_THRESHOLD_UNITS}")
+        mass_limit = 1.0 if self.mass_threshold_unit == "mass" else float(self.num_clusters)
+        _check(0.0 <= self.reversal_mass_threshold <= mass_limit, "reversal_mass_threshold",
+               self.reversal_mass_threshold, f"[0, {mass_limit:g}] (mass_threshold_unit = "
+               f"{self.mass_threshold_unit!r})")
+        _check(self.entry_max_candidates >= 0, "entry_max_candidates", self.entry_max_candidates,
+               "an integer ≥ 0 (0 = every underused cluster)")
+        _check(self.tie_breaking in TIE_BREAKING, "tie_breaking", self.tie_breaking, f"one of {TIE_BREAKING}")
+        _check(0.0 <= self.exploitation_fraction < 1.0, "exploitation_fraction", self.exploitation_fraction, "[0, 1)")
+        _check(isinstance(self.consolidation_loss_ratio, (int, float, np.integer, np.floating))
+               and not isinstance(self.consolidation_loss_ratio, bool) and self.consolidation_loss_ratio >= 1.0,
+               "consolidation_loss_ratio", self.consolidation_loss_ratio, "a number ≥ 1 (inf: no guard)")
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
         _check(self.hysteresis_min_rounds >= 1, "hysteresis_min_rounds",
                self.hysteresis_min_rounds, "an integer ≥ 1")
@@ -113,6 +169,17 @@ class RoutingSettings:
     def selects_controllers(self) -> bool:
         """Whether EXP3 chooses among several controllers."""
         return len(self.controllers) > 1
+
+    @property
+    def underused_mass(self) -> float:
+        """The entry candidates' mass threshold as a mass: ``μ_rev``, or ``μ_rev / K`` in fair shares."""
+        if self.mass_threshold_unit == "fair-share":
+            return float(self.reversal_mass_threshold) / self.num_clusters
+        return float(self.reversal_mass_threshold)
+
+    def exploitation_start(self, num_rounds: int) -> int:
+        """First round ``t`` of the exploitation phase of a ``T = num_rounds`` run (``T`` if none)."""
+        return int(num_rounds) - int(np.floor(self.exploitation_fraction * int(num_rounds) + 0.5))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (controllers as a comma-separated string)."""

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 from fedroute.client.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
 from fedroute.strategies.influence import AGGREGATION_RULES, InfluenceBounds
-from fedroute.strategies.methods import METHODS, method_settings
+from fedroute.strategies.methods import METHODS, PRESETS, method_settings
 from fedroute.tasks.base import Task
 from fedroute.tasks.registry import task_from_config
 
@@ -43,7 +43,19 @@ _ROUTING_KEYS = {
     "hysteresis-min-rounds": "hysteresis_min_rounds",
     "hysteresis-exit-gap": "hysteresis_exit_gap",
     "hysteresis-max-rounds": "hysteresis_max_rounds",
+    "tie-breaking": "tie_breaking",
+    "exploitation-fraction": "exploitation_fraction",
+    "exploitation-consolidates": "exploitation_consolidates",
+    "consolidation-loss-ratio": "consolidation_loss_ratio",
+    "mass-threshold-unit": "mass_threshold_unit",
+    "mass-threshold-inclusive": "mass_threshold_inclusive",
+    "entry-max-candidates": "entry_max_candidates",
 }
+
+PRESET_CHOICES = ("auto", "generic", *PRESETS)
+"""Values of the run-config key ``preset``: ``auto`` = the task's paper preset when the task
+is one of the paper's (:data:`~fedroute.strategies.methods.PRESETS`), else the generic
+default; ``generic`` = the generic default; a preset name = that paper configuration."""
 
 
 @dataclass(frozen=True)
@@ -160,12 +172,33 @@ def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if name == "controllers":
             value = tuple(part.strip() for part in str(value).split(",") if part.strip())
+        elif kinds[name] == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: true, false or \"auto\"")
+        elif kinds[name] == "str":
+            value = str(value)
         elif kinds[name] == "int":
-            value = _integer(config, key, 1, MAX_ROUTING_INTEGER)
+            value = _integer(config, key, 0 if name == "entry_max_candidates" else 1, MAX_ROUTING_INTEGER)
         elif kinds[name] == "float":
             value = _number(config, key, -sys.float_info.max, sys.float_info.max)
         overrides[name] = value
     return overrides
+
+
+def routing_preset(config: Mapping[str, Any]) -> Optional[str]:
+    """The paper preset the run config asks for (``None`` = the generic default).
+
+    ``preset = "auto"`` (the default) takes the task's own paper preset when the
+    task is one of the paper's, else the generic default; ``"generic"`` always the
+    generic default; a preset name that configuration.
+    """
+    preset = str(config.get("preset", "auto"))
+    if preset not in PRESET_CHOICES:
+        raise ValueError(f"run-config 'preset' = {preset!r} is invalid; allowed: one of {PRESET_CHOICES}")
+    if preset == "auto":
+        task = str(config.get("task", "linear"))
+        return task if task in PRESETS else None
+    return None if preset == "generic" else preset
 
 
 def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
@@ -193,12 +226,13 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     min_train_nodes = _integer(config, "min-train-nodes", 1, MAX_NODES) if "min-train-nodes" in config else 2
     round_timeout = _number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0
     task = task_from_config(config)
+    preset = routing_preset(config)
     overrides = _routing_overrides(config)
     influence = _influence(config)
     routing = {}
     for name in methods:
         try:
-            routing[name] = method_settings(name, str(config.get("task", "linear")), **overrides)
+            routing[name] = method_settings(name, preset=preset, **overrides)
         except ValueError as error:
             message = str(error)
             for key, field in _ROUTING_KEYS.items():

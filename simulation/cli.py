@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry", "fedcam"))
     sim.add_argument("--rounds", type=int, default=100)
     sim.add_argument("--num-clients", type=int, default=80)
-    sim.add_argument("--init", default="collapsed", choices=("collapsed", "spread"))
+    sim.add_argument("--init", default="collapsed", choices=("collapsed", "spread", "copies"))
     sim.add_argument("--init-spread", type=float, default=3.0)
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",

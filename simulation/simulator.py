@@ -246,7 +246,7 @@ def simulate_batch(
     masses: Optional[NDArray[np.float64]] = None
     provisional = None
     if settings.synchronized_entry:
-        greedy = provisional_greedy_routes(clients, models[run_of_client])
+        greedy = provisional_greedy_routes(clients, models[run_of_client], settings, seed_of_client)
         provisional = routing_masses(greedy, num_examples, num_clusters, run_of_client, num_runs)
         masses = provisional
     route_dtype = np.int8 if num_clusters < 127 else np.int16
@@ -265,7 +265,7 @@ def simulate_batch(
         probabilities = arm_probabilities(state.exp3_log_weights, settings.exp3_exploration)
         result = client_round(
             clients, state, settings, models[run_of_client],
-            None if masses is None else masses[run_of_client], round_index, seed_of_client,
+            None if masses is None else masses[run_of_client], round_index, seed_of_client, num_rounds,
         )
         state, decision = result.state, result.decision
         previous_models = models

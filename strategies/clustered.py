@@ -546,7 +546,8 @@ class ClusteredRouting(Strategy):
         node_ids = self._sample_nodes(grid, 0)
         replies = grid.send_and_receive(
             self._messages(node_ids, MessageType.QUERY, {protocol.PHASE: protocol.PHASE_PROVISIONAL,
-                                                       protocol.SERVER_ROUND: 0, protocol.ROUND_INDEX: 0}),
+                                                       protocol.SERVER_ROUND: 0, protocol.ROUND_INDEX: 0,
+                                                       protocol.NUM_ROUNDS: self._num_rounds}),
             timeout=self.round_timeout,
         )
         reports = self._valid(replies, lambda c: validate_provisional_reply(c, self.num_clusters), 0, "provisional")
@@ -561,6 +562,9 @@ class ClusteredRouting(Strategy):
     ) -> Iterable[Message]:
         """Messages for round ``server_round`` (``t = server_round - 1``)."""
         self._adopt(arrays)
+        if self.routing.exploitation_fraction > 0 and self._num_rounds < 1:
+            raise ValueError("routing with exploitation_fraction > 0 needs the run's number of rounds: "
+                             "run the strategy with start(grid, initial_arrays, num_rounds=T)")
         self._round_started = time.monotonic()
         self._grid = grid
         node_ids = self._sample_nodes(grid, server_round)
@@ -569,6 +573,7 @@ class ClusteredRouting(Strategy):
             protocol.PHASE: protocol.PHASE_TRAIN,
             protocol.SERVER_ROUND: server_round,
             protocol.ROUND_INDEX: server_round - 1,
+            protocol.NUM_ROUNDS: self._num_rounds,
             **self._masses_config(self.routing_masses),
         }
         return self._messages(node_ids, MessageType.TRAIN, round_config)

@@ -1,49 +1,91 @@
-"""Named methods: how each paper method sets the routing (ALGORITHM.md §2–§6, paper B.1)."""
+"""Named methods: the generic default for any model, and the paper's configurations as presets.
+
+``method_settings(method, num_clusters=K)`` gives routing meant for a model the
+paper never ran (``docs/algorithm.md``, "The generic default", has every value and
+the study behind it).  ``method_settings(method, num_clusters=K, preset=name)`` gives
+the paper's configuration of one of its tasks (paper B.1–B.3), unchanged: the
+experiments use these presets and reproduce the paper's tables bit for bit.
+"""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 from fedroute.client.settings import RoutingSettings
 
-__all__ = ["METHODS", "TASK_CONTROLLERS", "method_settings"]
+__all__ = ["METHODS", "PRESETS", "PRESET_CONTROLLERS", "TASK_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings"]
 
 METHODS = ("greedy", "exp3", "sync-entry", "fedcam")
-"""``greedy``: Greedy IFCA (every client on ``gr`` forever).
+"""``greedy``: Greedy IFCA (every client on ``gr`` forever, ties to the lowest index).
 ``fedcam``: the FedCAM baseline (a global part plus cluster parts, Greedy on the
 combined predictor; :class:`fedroute.strategies.fedcam.FedCAM`).
-``exp3``: autonomous EXP3 over the task's controllers (fixed blocks, or
-actions when the set contains ``hys``).
-``sync-entry``: synchronized entry, then EXP3 over ``{gr, hys}`` in action mode."""
+``exp3``: autonomous EXP3 over the controllers (fixed blocks, or actions when
+the set contains ``hys``).
+``sync-entry``: synchronized entry, then EXP3 (the presets: over ``{gr, hys}`` in
+action mode; the generic default: over its own controllers)."""
 
-TASK_CONTROLLERS = {
+PRESET_CONTROLLERS = {
     "linear": ("gr", "rh"),
     "gmm": ("gr", "rh"),
     "housing": ("gr", "com", "rev"),
     "characters": ("gr", "hys"),
     "femnist": ("gr", "hys"),
 }
-"""Controller sets per task (paper B.1)."""
+"""EXP3 controller sets of the paper's presets (paper B.1)."""
 
-TASK_ENTRY_THRESHOLDS = {"characters": 0.221, "femnist": 0.221}
-"""Calibrated entry threshold ``τ`` per task (default 0.0 elsewhere).  Characters:
+PRESETS = tuple(PRESET_CONTROLLERS)
+"""The paper's configurations, by task name."""
+
+TASK_CONTROLLERS = PRESET_CONTROLLERS
+"""Former name of :data:`PRESET_CONTROLLERS` (kept for existing imports)."""
+
+PRESET_ENTRY_THRESHOLDS = {"characters": 0.221, "femnist": 0.221}
+"""Calibrated entry threshold ``τ`` per preset (0.0 in the other presets).  Characters:
 midpoint between the groups' benefits at α = 0.70 on calibration data seeds 10–12
 (never the evaluation seeds 0–2); see :func:`fedroute.tasks.characters.calibrate_entry_threshold`."""
 
 SYNC_ENTRY_MAX_ROUNDS = 800
 AUTONOMOUS_MAX_ROUNDS = 160
 
+GENERIC_DEFAULTS: dict[str, Any] = dict(
+    controllers=("gr", "rh"),
+    exp3_mode="block",
+    block_length=10,
+    exp3_learning_rate=2.0,
+    exp3_exploration=0.001,
+    rank_hedge_temperature=0.0,
+    tie_breaking="random",
+    exploitation_fraction=0.5,
+    exploitation_consolidates=True,
+    consolidation_loss_ratio=2.0,
+    mass_threshold_unit="fair-share",
+    reversal_mass_threshold=0.4,
+    mass_threshold_inclusive=True,
+    entry_max_candidates=2,
+    entry_threshold=0.0,
+    hysteresis_max_rounds=AUTONOMOUS_MAX_ROUNDS,
+)
+"""The generic default's routing (``exp3`` and ``sync-entry`` without a preset); see
+``docs/algorithm.md``, "The generic default", for why each value."""
 
-def method_settings(method: str, task: str, **overrides: Any) -> RoutingSettings:
-    """Routing settings of a named method on a named task.
+
+def method_settings(method: str, *positional: str, num_clusters: Optional[int] = None,
+                    preset: Optional[str] = None, **overrides: Any) -> RoutingSettings:
+    """Routing settings of a named method: the generic default, or a paper preset.
 
     Parameters
     ----------
     method : str
         One of :data:`METHODS`.
-    task : str
-        A key of :data:`TASK_CONTROLLERS` (selects the EXP3 controller set).
+    num_clusters : int, optional
+        ``K`` (default 2).
+    preset : str, optional
+        ``None`` (the default): settings meant for any model — the generic
+        default.  Or one of :data:`PRESETS`: the paper's configuration of that
+        task (EXP3 controller set, EXP3 mode, calibrated entry threshold), as
+        the paper's experiments use it.
     **overrides
         Any :class:`RoutingSettings` field; ``None`` values are ignored
         (they mean "the method's default").
@@ -51,15 +93,50 @@ def method_settings(method: str, task: str, **overrides: Any) -> RoutingSettings
     Returns
     -------
     RoutingSettings
+
+    Notes
+    -----
+    The former call ``method_settings(method, task)`` still works (the task is
+    taken as the preset) but warns: write ``method_settings(method, preset=task)``.
     """
+    if positional:
+        if len(positional) > 1 or preset is not None:
+            raise TypeError("method_settings(method, *, num_clusters=K, preset=None, **overrides) takes one "
+                            f"positional argument; got {(method, *positional)!r}. Write "
+                            "method_settings(method, num_clusters=K, preset=name) for a paper preset")
+        preset = positional[0]
+        warnings.warn(f"method_settings({method!r}, {preset!r}) is deprecated: the task argument is now a named "
+                      f"preset; write method_settings({method!r}, preset={preset!r}) for the paper's "
+                      f"configuration, or method_settings({method!r}) for the generic default",
+                      DeprecationWarning, stacklevel=2)
     if method not in METHODS:
         raise ValueError(f"method = {method!r} is invalid; allowed: {METHODS}")
-    if task not in TASK_CONTROLLERS:
-        raise ValueError(f"task = {task!r} is invalid; allowed: {tuple(TASK_CONTROLLERS)}")
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"preset = {preset!r} is invalid; allowed: None (the generic default) or the name of a "
+                         f"paper task: one of {PRESETS}")
+    chosen = {key: value for key, value in overrides.items() if value is not None}
+    if num_clusters is not None:
+        chosen["num_clusters"] = num_clusters
     if method in ("greedy", "fedcam"):
+        chosen.pop("controllers", None)  # Greedy IFCA is Greedy whatever the controller set
+        chosen.pop("synchronized_entry", None)
         base = RoutingSettings(controllers=("gr",))
-    elif method == "exp3":
-        controllers = TASK_CONTROLLERS[task]
+    else:
+        base = _generic(method) if preset is None else _preset(method, preset)
+    if preset in PRESET_ENTRY_THRESHOLDS:
+        base = replace(base, entry_threshold=PRESET_ENTRY_THRESHOLDS[preset])
+    return replace(base, **chosen)
+
+
+def _generic(method: str) -> RoutingSettings:
+    """The generic default of ``exp3`` or ``sync-entry``."""
+    return RoutingSettings(**GENERIC_DEFAULTS, synchronized_entry=method == "sync-entry")
+
+
+def _preset(method: str, preset: str) -> RoutingSettings:
+    """The paper's ``exp3`` or ``sync-entry`` on the task ``preset``."""
+    if method == "exp3":
+        controllers = PRESET_CONTROLLERS[preset]
         base = RoutingSettings(
             controllers=controllers,
             exp3_mode="action" if "hys" in controllers else "block",
@@ -70,10 +147,4 @@ def method_settings(method: str, task: str, **overrides: Any) -> RoutingSettings
             controllers=("gr", "hys"), exp3_mode="action", synchronized_entry=True,
             hysteresis_max_rounds=SYNC_ENTRY_MAX_ROUNDS,
         )
-    if task in TASK_ENTRY_THRESHOLDS:
-        base = replace(base, entry_threshold=TASK_ENTRY_THRESHOLDS[task])
-    chosen = {key: value for key, value in overrides.items() if value is not None}
-    if method in ("greedy", "fedcam"):
-        chosen.pop("controllers", None)  # Greedy IFCA is Greedy whatever the controller set
-        chosen.pop("synchronized_entry", None)
-    return replace(base, **chosen)
+    return base

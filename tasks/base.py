@@ -8,12 +8,12 @@ every client's loss of every model and the local update, vectorised.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["ClientBatch", "Task"]
+__all__ = ["ClientBatch", "Task", "validate_task_settings"]
 
 
 class ClientBatch(Protocol):
@@ -51,3 +51,38 @@ class Task(Protocol):
 
     def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
         """``W^0`` as a ``(K, P)`` array."""
+
+
+def validate_task_settings(
+    task: Any, label: str, integers: Sequence[str], numbers: Sequence[str],
+    checks: Callable[[], Sequence[tuple[bool, str, Any, str]]],
+) -> None:
+    """Validate a task dataclass: types first, then the range ``checks``.
+
+    Errors read ``<label> task setting '<run-config key>' = <value> is invalid; allowed: <range>``.
+
+    Parameters
+    ----------
+    task : dataclass instance
+    label : str
+        The task's name in messages.
+    integers, numbers : sequences of field names
+        Fields that must be integers (not bools) / finite numbers.
+    checks : callable
+        Returns ``(holds, key, value, allowed)`` tuples; called after the type checks.
+    """
+    def fail(key: str, value: Any, allowed: str) -> None:
+        raise ValueError(f"{label} task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+
+    for name in integers:
+        value = getattr(task, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            fail(name.replace("_", "-"), value, "an integer")
+    for name in numbers:
+        value = getattr(task, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(value):
+            fail(name.replace("_", "-"), value, "a finite number")
+    for holds, key, value, allowed in checks():
+        if not holds:
+            fail(key, value, allowed)

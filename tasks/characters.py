@@ -173,6 +173,7 @@ __all__ = [
     "entry_threshold_from_benefits",
     "client_batch",
     "digit_clients",
+    "zero_output_layer",
     "mlp_forward",
     "mlp_num_parameters",
     "pretraining_table",
@@ -245,6 +246,14 @@ def _offsets(inputs: int, hidden: int, classes: int) -> tuple[int, int, int, int
     return w1, b1, w2, w2 + classes
 
 
+def zero_output_layer(model: NDArray[np.floating], inputs: int, hidden: int, classes: int) -> NDArray[np.floating]:
+    """A copy of a flat MLP ``model`` with its output layer (``W2, b2``) set to zero: its output is 0 for
+    every input while its hidden layer still passes gradients (FedCAM's ``Θ_glob^0``, output-sum form)."""
+    start = np.array(model, copy=True)
+    start[_offsets(inputs, hidden, classes)[1]:] = 0.0
+    return start
+
+
 def _split(flat: Any, inputs: int, hidden: int, classes: int) -> tuple[Any, Any, Any, Any]:
     """Views ``W1 (..., H, D), b1 (..., H), W2 (..., C, H), b2 (..., C)`` of a flat ``(..., P)`` tensor."""
     w1, b1, w2, b2 = _offsets(inputs, hidden, classes)
@@ -263,13 +272,13 @@ def mlp_forward(flat: Any, inputs: Any, hidden: int, classes: int) -> Any:
     return torch.relu(inputs @ w1.T + b1) @ w2.T + b2
 
 
-def _init_parameters(seed: int, inputs: int, hidden: int, classes: int) -> NDArray[np.float32]:
+def _init_parameters(seed: int, inputs: int, hidden: int, classes: int, stream: int = 0) -> NDArray[np.float32]:
     """The seeded initial model: torch's ``nn.Linear`` default, ``U(±1/√fan_in)`` for weights and biases.
 
-    Drawn with ``generator(seed, 0, 0, Purpose.INIT)`` in the flat order
-    ``W1, b1, W2, b2``.
+    Drawn with ``generator(seed, stream, 0, Purpose.INIT)`` in the flat order
+    ``W1, b1, W2, b2`` (``stream`` numbers independent models of one seed).
     """
-    rng = generator(seed, 0, 0, Purpose.INIT)
+    rng = generator(seed, stream, 0, Purpose.INIT)
     parts = []
     for fan_in, count in ((inputs, hidden * inputs), (inputs, hidden), (hidden, classes * hidden), (hidden, classes)):
         bound = 1.0 / np.sqrt(fan_in)
@@ -721,9 +730,7 @@ class TransformedCharactersTask:
         ``W^0`` exactly; the hidden layer is not zero, so the global part receives gradients
         (with an all-zero network every gradient but the output bias's would vanish for ever).
         """
-        start = _prepared(self._data_key()).base.copy()
-        start[_offsets(self.input_size, self.hidden_units, self.classes)[1]:] = 0.0
-        return start
+        return zero_output_layer(_prepared(self._data_key()).base, self.input_size, self.hidden_units, self.classes)
 
     def initial_models(self, num_clusters: int = 2) -> NDArray[np.float32]:
         """``W^0``: ``w_0^0 = w_mix``, ``w_1^0 = (1−α) ξ + α w_trans`` (float32, shape (2, P))."""

@@ -19,7 +19,7 @@ from fedroute.client.randomness import Purpose, generator
 
 __all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES"]
 
-INIT_MODES = ("spread", "collapsed")
+INIT_MODES = ("spread", "collapsed", "copies")
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ class LinearTask:
         ``collapsed``: ``w_0^0 = θ̄`` and ``w_k^0 = θ̄ + ρ u_k`` with ``u_k``
         random unit vectors orthogonal to ``θ_1 - θ_0``: every group prefers
         cluster 0 and the start lies in the certified starvation basin for any
-        ``ρ > 0``.
+        ``ρ > 0``.  ``copies``: ``K`` identical copies of ``spread``'s first
+        model ``θ̄ + ρ z_0`` (the symmetric start: every loss ties).
     init_spread : float
         ``ρ`` (≥ 0).
     seed : int
@@ -210,6 +211,8 @@ class LinearTask:
         directions = rng.standard_normal((num_clusters, self.dimension))
         if self.init == "spread":
             return pooled + self.init_spread * directions
+        if self.init == "copies":
+            return np.repeat(pooled + self.init_spread * directions[:1], num_clusters, axis=0)
         directions[:, 0] = 0.0  # orthogonal to θ_1 - θ_0
         directions /= np.linalg.norm(directions, axis=1, keepdims=True)
         models = pooled + self.init_spread * directions

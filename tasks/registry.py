@@ -77,12 +77,38 @@ _FEMNIST_KEYS: _KeyTable = {
     "image-size": ("image_size", int),
 }
 
+_BOUNDARIES_KEYS: _KeyTable = {
+    "num-clients": ("num_clients", int),
+    "num-groups": ("num_groups", int),
+    "samples-per-client": ("samples_per_client", int),
+    "test-samples-per-client": ("test_samples_per_client", int),
+    "label-sharpness": ("label_sharpness", float),
+    "hidden-units": ("hidden_units", int),
+    "local-steps": ("local_steps", int),
+    "learning-rate": ("learning_rate", float),
+    "seed": ("seed", int),
+}
+
+_DIGIT_ROTATIONS_KEYS: _KeyTable = {
+    "num-clients": ("num_clients", int),
+    "num-groups": ("num_groups", int),
+    "test-fraction": ("test_fraction", float),
+    "hidden-units": ("hidden_units", int),
+    "local-steps": ("local_steps", int),
+    "learning-rate": ("learning_rate", float),
+    "weight-decay": ("weight_decay", float),
+    "seed": ("seed", int),
+}
+
 TASK_KEYS: dict[str, tuple[str, _KeyTable]] = {
     "linear": ("fedroute.tasks.linear:LinearTask", _LINEAR_KEYS),
     "housing": ("fedroute.tasks.housing:HousingTask", _HOUSING_KEYS),
     "gmm": ("fedroute.tasks.gmm:GMMTask", _GMM_KEYS),
     "characters": ("fedroute.tasks.characters:CharactersTask", _CHARACTERS_KEYS),
     "femnist": ("fedroute.tasks.femnist:FemnistTask", _FEMNIST_KEYS),
+    "boundaries": ("fedroute.tasks.boundaries:BoundariesTask", _BOUNDARIES_KEYS),
+    "digit-rotations": ("fedroute.tasks.digit_rotations:DigitRotationsTask", _DIGIT_ROTATIONS_KEYS),
+    "collinear": ("fedroute.tasks.collinear:CollinearTask", _LINEAR_KEYS),
 }
 """Task name → (``module:class`` of the task, run-config key table).  Only the task a run names is
 imported (every deployed message starts a fresh ClientApp process, which pays for each import)."""

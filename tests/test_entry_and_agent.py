@@ -61,10 +61,17 @@ def test_entry_benefits_cosine_by_hand():
     np.testing.assert_array_equal(calls[0][1], [0, 0, 1, 1])  # one probe per (client, candidate)
 
 
-def test_entry_benefits_zero_update_has_cosine_zero_and_no_candidates_is_all_inf():
+def test_entry_benefits_zero_update_never_qualifies_and_no_candidates_is_all_inf():
+    # A zero probe update has no direction: its benefit is +inf (issue 14), not a cosine of 0
+    # that would pass any τ ≥ 0 without evidence.
     benefits = entry_benefits(MODELS, np.array([[False, False, False], [True, False, False]]),
                               np.array([0, 1]), lambda m, i, t: m + DIRECTIONS[2], 0)  # zero step
-    np.testing.assert_array_equal(benefits, [[np.inf, np.inf, np.inf], [0.0, np.inf, np.inf]])
+    np.testing.assert_array_equal(benefits, [[np.inf, np.inf, np.inf], [np.inf, np.inf, np.inf]])
+    assert not entry_decision(benefits, 1.0)[0].any()
+    # w_c = w_r (identical models): no reference direction either.
+    same = entry_benefits(np.array([[1.0, 2.0], [1.0, 2.0]]), np.array([[False, True]]), np.array([0]),
+                          lambda m, i, t: m + 1.0, 0)
+    np.testing.assert_array_equal(same, [[np.inf, np.inf]])
     calls = []
     none = entry_benefits(MODELS, np.zeros((2, 3), dtype=bool), np.array([0, 1]), _toy_update(calls), 0)
     assert np.all(np.isinf(none)) and calls == []

@@ -257,3 +257,43 @@ def test_malformed_replies_are_rejected_and_good_ones_aggregated(test_app, tmp_p
     assert rounds.changed_0.any() and rounds.changed_1.any()  # the good replies were aggregated
     summary = json.loads((directory / "summary.json").read_text())
     assert summary["exp3"]["rejected_replies"] == 4 * num_rounds
+
+
+# ------------------------------------------------- the generic default (issue 10)
+GENERIC_CONFIG = {
+    "method": "all", "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS, "seed": 3, "preset": "generic",
+    "init": "copies", "block-length": BLOCK,
+}
+
+
+@pytest.fixture(scope="module")
+def generic_run(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    results_root = tmp_path_factory.mktemp("generic")
+    result = run_flower_app(repository, {**GENERIC_CONFIG, "results-dir": str(results_root)},
+                            num_supernodes=NUM_CLIENTS, timeout=600)
+    return _results(result, results_root)
+
+
+def test_generic_default_flower_and_simulator_agree(generic_run: Path, repository: Path) -> None:
+    """Random ties, the synchronized-entry block start and the exploitation phase take the same code path in
+    both runtimes: identical routes every round and equal models, from K identical copies."""
+    with open(repository / "pyproject.toml", "rb") as stream:
+        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
+    settings = parse_run_config({**defaults, **GENERIC_CONFIG})
+    routes = pd.read_csv(generic_run / "routes.csv")
+    models = np.load(generic_run / "cluster_models.npz")
+    for method in ("exp3", "sync-entry"):
+        routing = settings.routing[method]
+        assert routing.tie_breaking == "random" and routing.exploitation_fraction > 0 and routing.block_length == BLOCK
+        history = simulate(settings.task, routing, NUM_ROUNDS, settings.seed)
+        table = routes[routes.method == method].pivot(index="round_index", columns="client_id", values="cluster")
+        np.testing.assert_array_equal(table.to_numpy(), history.routes, err_msg=method)
+        flower_models = np.stack([models[f"{method}/cluster-{k}"] for k in range(2)])
+        np.testing.assert_allclose(flower_models, history.cluster_models[-1], atol=1e-5, rtol=0)
+        assert set(table.loc[0]) == {0, 1}  # identical copies: random ties split the clients at t = 0
+        exploiting = routing.exploitation_start(NUM_ROUNDS)
+        greedy = history.train_losses[exploiting:].argmin(axis=-1)
+        np.testing.assert_array_equal(history.routes[exploiting:], greedy)  # the exploitation phase is Greedy
+        assert (history.arms[exploiting:] == -1).all() and (history.arms[:exploiting] >= 0).any()
+    greedy_routes = routes[routes.method == "greedy"].pivot(index="round_index", columns="client_id", values="cluster")
+    assert set(greedy_routes.loc[0]) == {0}  # Greedy IFCA keeps the lowest-index ties

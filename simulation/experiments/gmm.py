@@ -164,7 +164,7 @@ class GMMExperimentConfig:
             (config.far_radius in config.radii, "far_radius", config.far_radius,
              f"one of radii {config.radii}")])
         GMMTask(**self.task_settings())  # the task validates its own settings
-        method_settings("exp3", "gmm", **self.routing_overrides())
+        method_settings("exp3", preset="gmm", **self.routing_overrides())
 
     @classmethod
     def quick(cls, **overrides: Any) -> "GMMExperimentConfig":
@@ -268,7 +268,7 @@ def routing_spec(method: str, config: GMMExperimentConfig) -> SweepSpec:
     """A routing method of :mod:`fedroute.strategies.methods` on the GMM task, as a sweep spec."""
     return SweepSpec(
         method=method,
-        settings=method_settings(method, "gmm", **config.routing_overrides()),
+        settings=method_settings(method, preset="gmm", **config.routing_overrides()),
         num_rounds=config.rounds,
         make_task=partial(make_gmm_task, **config.task_settings()),
         reduce=reduce_radius,

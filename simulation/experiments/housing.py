@@ -145,7 +145,7 @@ class HousingExperimentConfig:
     def __post_init__(self) -> None:
         check_radius_sweep(self, "housing", METHOD_SPECS)
         HousingTask(**self.task_settings())  # the task validates its own settings (no data is read)
-        method_settings("exp3", "housing", **self.routing_overrides())
+        method_settings("exp3", preset="housing", **self.routing_overrides())
 
     @classmethod
     def quick(cls, **overrides: Any) -> "HousingExperimentConfig":
@@ -239,7 +239,7 @@ def routing_spec(method: str, config: HousingExperimentConfig, data_file: Option
     """A routing method of :mod:`fedroute.strategies.methods` on the housing task, as a sweep spec."""
     return SweepSpec(
         method=method,
-        settings=method_settings(method, "housing", **config.routing_overrides()),
+        settings=method_settings(method, preset="housing", **config.routing_overrides()),
         num_rounds=config.rounds,
         make_task=partial(make_housing_task, data_file=data_file, **config.task_settings()),
         reduce=reduce_radius,

@@ -248,7 +248,7 @@ class LinearExperimentConfig:
             if not holds:
                 raise ValueError(f"linear setting '{key}' = {value!r} is invalid; allowed: {allowed}")
         self.task_settings()  # LinearTask validates its own settings
-        method_settings("exp3", "linear", **self.routing_overrides())
+        method_settings("exp3", preset="linear", **self.routing_overrides())
 
     @classmethod
     def quick(cls, **overrides: Any) -> "LinearExperimentConfig":
@@ -408,7 +408,7 @@ def routing_spec(method: str, config: LinearExperimentConfig) -> SweepSpec:
     """A routing method of :mod:`fedroute.strategies.methods` on the linear task, as a sweep spec."""
     return SweepSpec(
         method=method,
-        settings=method_settings(method, "linear", **config.routing_overrides()),
+        settings=method_settings(method, preset="linear", **config.routing_overrides()),
         num_rounds=config.rounds,
         make_task=partial(make_linear_task, **config.task_settings()),
         reduce=partial(reduce_linear, recovery_threshold=config.recovery_threshold,

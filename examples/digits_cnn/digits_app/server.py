@@ -22,8 +22,8 @@ def main(grid: Grid, context: Context) -> None:
     """Run clustered routing, then print (and optionally write) the controller-free evaluation."""
     config = context.run_config
     num_clusters, seed = int(config["num-clusters"]), int(config["seed"])
-    # "characters" selects the paper's controller set for deep-net tasks: Greedy and selective hysteresis.
-    routing = method_settings(str(config["method"]), "characters", num_clusters=num_clusters)
+    # The generic default (no preset): meant for a model the paper never ran.
+    routing = method_settings(str(config["method"]), num_clusters=num_clusters)
     strategy = ClusteredRouting(
         routing,
         fraction_train=float(config["fraction-train"]),

@@ -1,0 +1,140 @@
+"""``fedroute reproduce scenarios`` (issue 10): starts, references, judging, and the quick suite end to end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedroute.simulation.cli import main
+from fedroute.simulation.experiments.scenarios import (
+    DEV_FIRST_SEED,
+    SCENARIOS,
+    ScenarioConfig,
+    StartedTask,
+    _judge,
+    initial_models,
+    make_fedcam_cell_task,
+    reference_losses,
+)
+
+
+def test_starts_warm_copies_noise_random_and_collapsed():
+    scenario = SCENARIOS["collinear"]
+    warm = initial_models(scenario, "warm", 5)
+    assert warm.shape == (3, 5) and (warm == warm[0]).all()
+    task = scenario.make_task(5)
+    theta_bar = task.group_parameters.mean(axis=0)
+    assert np.linalg.norm(warm[0] - theta_bar) < 0.2  # FedAvg on everyone: near the pooled optimum
+    noisy = initial_models(scenario, "noisy", 5)
+    assert not (noisy == noisy[0]).all() and np.abs(noisy - warm).max() < 0.06
+    random = initial_models(scenario, "random", 5)
+    assert len({tuple(row) for row in random}) == 3
+    collapsed = initial_models(scenario, "collapsed", 5)
+    np.testing.assert_allclose(collapsed[0], theta_bar)
+    with pytest.raises(ValueError, match="no collapsed start"):
+        initial_models(SCENARIOS["boundaries"], "collapsed", 0)
+
+
+def test_reference_is_each_group_trained_alone_from_the_first_model():
+    scenario = SCENARIOS["collinear"]
+    tasks = [StartedTask(scenario.make_task(seed), initial_models(scenario, "random", seed)) for seed in (1, 2)]
+    result = reference_losses(tasks, 3, [0, 3])
+    for r, started in enumerate(tasks):
+        clients = started.clients(np.arange(started.num_clients))
+        for g in range(3):
+            members = np.flatnonzero(clients.groups == g)
+            model = np.asarray(started.start_models[0], dtype=np.float64)
+            test0 = clients.losses(model[None], "test")[members, 0].mean()
+            for t in range(3):
+                model = clients.local_update(np.repeat(model[None], len(members), 0), members, t).mean(axis=0)
+            assert result[0][r, g] == pytest.approx(test0)
+            assert result[3][r, g] == pytest.approx(clients.losses(model[None], "test")[members, 0].mean())
+
+
+def test_judging_converged_and_no_harm():
+    def row(method, seed, separated, losses, routed):
+        return {"scenario": "s", "start": "warm", "seed": seed, "method": method, "separated": separated,
+                "group_losses": json.dumps(losses), "routed_test_loss": routed}
+
+    runs = pd.DataFrame([
+        row("greedy", 0, True, [1.0, 1.0], 1.0), row("exp3", 0, True, [1.05, 1.0], 1.03),    # Greedy converged
+        row("greedy", 1, False, [3.0, 1.0], 2.0), row("exp3", 1, True, [1.0, 1.11], 1.0),    # 11 % > 10 %
+        row("greedy", 2, True, [1.2, 1.0], 1.0), row("exp3", 2, False, [1.0, 1.0], 1.0),
+    ])
+    references = pd.DataFrame([{"scenario": "s", "start": "warm", "seed": s, "reference_losses": "[1.0, 1.0]"}
+                               for s in range(3)])
+    judged = _judge(runs, references).set_index(["method", "seed"])
+    assert judged.loc[("greedy", 0), "converged"] and not judged.loc[("exp3", 1), "converged"]
+    assert not judged.loc[("greedy", 2), "converged"]  # separated but 20 % above the reference
+    assert not judged.loc[("exp3", 0), "no_harm"]  # routed 1.03 > 1.02 × Greedy's 1.0
+    assert np.isnan(judged.loc[("exp3", 1), "no_harm"]) and np.isnan(judged.loc[("greedy", 0), "no_harm"])
+    assert not judged.loc[("exp3", 2), "greedy_converged"]
+
+
+def test_config_rejects_bad_values_naming_the_field():
+    for changes, key in [(dict(scenarios=("mnist",)), "scenarios"), (dict(seeds=0), "seeds"),
+                         (dict(methods=("exp3",)), "methods"), (dict(first_seed=-1), "first_seed")]:
+        with pytest.raises(ValueError, match=f"'{key}'"):
+            ScenarioConfig(**changes)
+
+
+def test_fedcam_sees_pairs_on_the_mlp_scenarios_and_combined_models_elsewhere():
+    from fedroute.simulation.fedcam import FedCAMTask
+
+    digits = make_fedcam_cell_task({"scenario": "digits", "start": "random", "seed": 0})
+    assert isinstance(digits, FedCAMTask)
+    start = digits.initial_models(4)  # [Θ_glob^0 | W^0]: the scenario's start behind the task's global start
+    parameters = digits.task.task.num_parameters
+    np.testing.assert_array_equal(start[:, parameters:], digits.task.start_models)
+    np.testing.assert_array_equal(start[0, :parameters], digits.task.task.initial_global_model())
+    gmm = make_fedcam_cell_task({"scenario": "gmm", "start": "random", "seed": 0})
+    assert isinstance(gmm, StartedTask) and not hasattr(gmm, "initial_global_model")
+
+
+def test_study_config_runs_the_variants_on_the_development_seeds(capsys):
+    study = ScenarioConfig.study()
+    assert study.first_seed == DEV_FIRST_SEED > ScenarioConfig().first_seed + ScenarioConfig().seeds - 1
+    consolidating = study.settings("default", SCENARIOS["gmm-k4"])
+    plain = study.settings("no-consolidation", SCENARIOS["gmm-k4"])
+    assert consolidating.exploitation_consolidates and not plain.exploitation_consolidates
+    assert plain == replace(consolidating, exploitation_consolidates=False)
+    assert study.settings("no-guard", SCENARIOS["gmm-k4"]) == replace(consolidating, consolidation_loss_ratio=np.inf)
+    assert main(["reproduce", "scenarios", "--config", "studies", "--out", "unused"]) == 2
+    assert "'studies' is invalid; allowed: paper, study" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def quick_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("scenarios")
+    assert main(["reproduce", "scenarios", "--quick", "--out", str(out)]) == 0
+    return out / "scenarios-quick"
+
+
+def test_quick_suite_writes_tables_figures_and_claims(quick_suite: Path):
+    for stem in ("runs", "summary", "methods", "references"):
+        pd.testing.assert_frame_equal(pd.read_parquet(quick_suite / f"{stem}.parquet"),
+                                      pd.read_csv(quick_suite / f"{stem}.csv"), check_dtype=False)
+    for stem in ("scenarios", "methods"):
+        for suffix in ("png", "pdf"):
+            assert (quick_suite / "figures" / f"{stem}.{suffix}").stat().st_size > 0
+    runs = pd.read_parquet(quick_suite / "runs.parquet")
+    assert len(runs) == len(SCENARIOS) * 2 * 4 and set(runs["method"]) == {"greedy", "exp3", "sync-entry", "fedcam"}
+    assert (~runs["converged"] | runs["separated"]).all()
+    assert (runs.loc[runs["converged"], "worst_ratio"] <= 1.1).all()
+    assert runs.loc[runs["method"] == "greedy", "no_harm"].isna().all()
+    claims = json.loads((quick_suite / "claims.json").read_text())
+    assert any(c["claim"].startswith("exp3 separates and converges") for c in claims)
+    config = json.loads((quick_suite / "config.json").read_text())
+    assert config["routing"]["exp3"]["tie_breaking"] == "random"
+
+
+def test_quick_suite_default_recovers_the_symmetric_digits_start_that_greedy_keeps(quick_suite: Path):
+    runs = pd.read_parquet(quick_suite / "runs.parquet").set_index(["scenario", "method"])
+    digits_greedy, digits_exp3 = runs.loc[("digits", "greedy")], runs.loc[("digits", "exp3")]
+    assert not digits_greedy["separated"].any()  # identical warm copies: every tie to cluster 0
+    assert (digits_exp3["separated"] & digits_exp3["converged"]).all()
