@@ -65,6 +65,7 @@ TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->
 APP_CONFIG = {
     "strategy": "fedavg",        # "fedavg", "fedavg-evaluate" or "routing"
     "num-clusters": 2,
+    "routing-preset": "",        # "" = the generic default a user's app gets; "characters" = the paper's E4 preset
     "num-server-rounds": 11,
     "fraction-train": 1.0,
     "min-nodes": 12,
@@ -156,7 +157,8 @@ def make_strategy(config: dict[str, Any]) -> tuple[Any, Any]:
         initial: Any = ArrayRecord(make_model(seed * 100).state_dict())
     else:
         num_clusters = int(config["num-clusters"])
-        strategy = TimedRouting(method_settings("exp3", preset="characters", num_clusters=num_clusters),
+        strategy = TimedRouting(method_settings("exp3", preset=str(config.get("routing-preset", "")) or None,
+                                                num_clusters=num_clusters),
                                 fraction_train=fraction, min_available_nodes=min_nodes,
                                 min_train_nodes=min(2, min_nodes), seed=seed, evaluate_at_end=False)
         initial = cluster_models_from_torch([make_model(seed * 100 + k) for k in range(num_clusters)])
@@ -523,7 +525,8 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
              "| `aggregate_train` total |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ks:
-        strategy = ClusteredRouting(method_settings("exp3", preset="characters", num_clusters=k),
+        strategy = ClusteredRouting(method_settings("exp3", preset=str(APP_CONFIG["routing-preset"]) or None,
+                                                    num_clusters=k),
                                     min_available_nodes=num_clients)
         strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
         messages = strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), Nodes())
@@ -611,6 +614,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--headline-repeat", type=int, default=3,
                         help="further interleaved runs of FedAvg and K = 2 (12 clients, 1 epoch): the headline ratio")
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--routing-preset", default="", choices=["", "characters"],
+                        help="routing settings of ClusteredRouting: '' = the generic default (what a user's app "
+                             "gets: fair-share entry threshold, at most 2 entry probes), 'characters' = the "
+                             "paper's E4 preset (every cluster an entry candidate at K >= 5)")
     parser.add_argument("--longer-epochs", type=int, default=5,
                         help="also compare FedAvg and K = 2 with this many local epochs (0 = skip)")
     parser.add_argument("--with-evaluate", action=argparse.BooleanOptionalAction, default=True,
@@ -641,6 +648,7 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict[str, list[dict[st
     comparison (``"simulation-<clients>-<epochs>"``, ``"deployment-<supernodes>"``; FedAvg first)."""
     sections: list[str] = []
     rows_of: dict[str, list[dict[str, Any]]] = {}
+    APP_CONFIG["routing-preset"] = args.routing_preset
     if not args.skip_simulation:
         work = Path(tempfile.mkdtemp(prefix="fedroute-bench-"))
         results = args.keep or work / "results"

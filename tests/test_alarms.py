@@ -120,7 +120,7 @@ def test_strategy_stops_a_dead_federation_and_keeps_its_alarm(caplog: pytest.Log
 
     grid = InProcessGrid({**linear_user_app(TASK)}, TASK.num_clients)
     grid.handlers = {kind: failing for kind in grid.handlers}
-    strategy = ClusteredRouting(method_settings("exp3", "linear"), min_available_nodes=TASK.num_clients,
+    strategy = ClusteredRouting(method_settings("exp3", preset="linear"), min_available_nodes=TASK.num_clients,
                                 alarm_settings=AlarmSettings(dead_rounds=2), progress_interval=None)
     original = grid.send_and_receive
 

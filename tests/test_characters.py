@@ -243,15 +243,15 @@ def test_entry_threshold_constant_is_the_documented_midpoint():
     # Module docstring: over the α = 0.70 calibration cells the clean minimum is 0.229 and the
     # transformed maximum 0.213; τ is their midpoint, and methods use it for the character tasks.
     assert ENTRY_THRESHOLD == pytest.approx((0.229 + 0.213) / 2, abs=1e-12)
-    assert method_settings("sync-entry", "characters").entry_threshold == ENTRY_THRESHOLD
-    assert method_settings("exp3", "femnist").entry_threshold == ENTRY_THRESHOLD
+    assert method_settings("sync-entry", preset="characters").entry_threshold == ENTRY_THRESHOLD
+    assert method_settings("exp3", preset="femnist").entry_threshold == ENTRY_THRESHOLD
 
 
 def test_runs_of_different_seeds_batch_together():
     tasks = [CharactersTask(seed=seed, alpha=alpha, **SMALL) for seed, alpha in ((0, 0.5), (1, 0.7))]
     merged = concatenate_clients([t.clients(np.arange(20)) for t in tasks])
     assert merged.train_inputs.shape == (40, 72, 64)
-    settings = method_settings("greedy", "characters")
+    settings = method_settings("greedy", preset="characters")
     batch = simulate_batch(tasks, settings, num_rounds=3, seeds=[0, 0])
     alone = simulate(tasks[1], settings, num_rounds=3, seed=0)
     assert batch.cluster_models.dtype == np.float32

@@ -58,7 +58,7 @@ def test_exact_additive_decomposition_is_recovered() -> None:
     theta = task.group_parameters
     preferred = [int(np.argmin(np.linalg.norm(start - theta[g], axis=1))) for g in range(2)]
     assert preferred[0] != preferred[1], "the test needs a favourable start"
-    history = simulate_fedcam_batch([task], method_settings("greedy", "linear"), 300, [0], detail=True)
+    history = simulate_fedcam_batch([task], method_settings("greedy", preset="linear"), 300, [0], detail=True)
     final = history.cluster_models[-1, 0]
     assert recovery_error(final, theta) < 1e-6
     # Evaluation uses the combined predictor: one global part shared by both clusters plus each cluster part.
@@ -69,7 +69,7 @@ def test_exact_additive_decomposition_is_recovered() -> None:
 
 def test_fedcam_stays_collapsed_from_the_collapsed_start() -> None:
     tasks = [LinearTask(init="collapsed", seed=seed) for seed in range(3)]
-    history = simulate_fedcam_batch(tasks, method_settings("greedy", "linear"), 150, [0, 1, 2])
+    history = simulate_fedcam_batch(tasks, method_settings("greedy", preset="linear"), 150, [0, 1, 2])
     errors = recovery_error(history.cluster_models[-1], tasks[0].group_parameters)
     assert np.all(errors >= 0.5)
     assert np.all(history.routes == 0)  # nobody ever routes to the starved cluster
@@ -111,16 +111,16 @@ def test_fedcam_simulator_equals_a_plain_reference() -> None:
     task = LinearTask(num_clients=6, init="spread", init_spread=1.5, seed=2, samples_per_client=12)
     routes, combined = _fedcam_reference(task, 2, 25)
     assert 0 < (routes == 1).mean() < 1  # both clusters are used: the comparison is not trivial
-    batch = simulate_fedcam_batch([task], method_settings("greedy", "linear"), 25, [0])
+    batch = simulate_fedcam_batch([task], method_settings("greedy", preset="linear"), 25, [0])
     np.testing.assert_array_equal(batch.routes[:, 0], routes)
     np.testing.assert_allclose(batch.cluster_models[:, 0], combined, rtol=0, atol=1e-12)
 
 
 def test_batched_fedcam_equals_single_runs() -> None:
     tasks = [LinearTask(num_clients=8, init="spread", init_spread=1.0 + seed, seed=seed) for seed in range(3)]
-    batch = simulate_fedcam_batch(tasks, method_settings("greedy", "linear"), 30, [0, 1, 2])
+    batch = simulate_fedcam_batch(tasks, method_settings("greedy", preset="linear"), 30, [0, 1, 2])
     for index, task in enumerate(tasks):
-        single = simulate_fedcam_batch([task], method_settings("greedy", "linear"), 30, [index])
+        single = simulate_fedcam_batch([task], method_settings("greedy", preset="linear"), 30, [index])
         np.testing.assert_allclose(batch.cluster_models[:, index], single.cluster_models[:, 0], atol=1e-12)
         np.testing.assert_array_equal(batch.routes[:, index], single.routes[:, 0])
 
@@ -201,7 +201,7 @@ def test_output_sum_form_on_the_linear_model_equals_the_additive_form(local_step
     additive form (the task's update of Θ_glob + Θ_k, displacement split equally)."""
     tasks = [LinearTask(num_clients=12, init="spread", init_spread=1.5, local_steps=local_steps, seed=seed)
              for seed in range(3)]
-    routing = method_settings("fedcam", "linear")
+    routing = method_settings("fedcam", preset="linear")
     additive = simulate_fedcam_batch(tasks, routing, 40, [0, 1, 2], detail=True)
     output_sum = simulate_fedcam_batch([LinearOutputSumTask(t) for t in tasks], routing, 40, [0, 1, 2], detail=True)
     np.testing.assert_array_equal(output_sum.routes, additive.routes)
@@ -264,7 +264,7 @@ def test_characters_fedcam_is_the_output_sum_form_and_trains_the_global_network(
     task = CharactersTask(**SMALL_CHARACTERS)
     assert uses_output_sum(task.clients(np.arange(2))) and task_uses_output_sum(task)
     assert not uses_output_sum(LinearTask().clients(np.arange(2))) and not task_uses_output_sum(LinearTask())
-    history = simulate_fedcam_batch([task], method_settings("fedcam", "characters"), 3, [0], detail=True)
+    history = simulate_fedcam_batch([task], method_settings("fedcam", preset="characters"), 3, [0], detail=True)
     start = task.initial_global_model()
     trained = history.detail["global_models"]                         # (T+1, 1, P)
     np.testing.assert_array_equal(trained[0, 0], start)

@@ -163,7 +163,7 @@ def test_invalid_settings_are_rejected(bad):
 
 
 def test_runs_in_the_simulator(task, clients):
-    history = simulate(task, method_settings("exp3", "gmm", num_clusters=3), 4, 0)
+    history = simulate(task, method_settings("exp3", preset="gmm", num_clusters=3), 4, 0)
     assert history.cluster_models.shape == (5, 3, task.num_parameters)
     assert np.all(np.isfinite(history.cluster_models))
     np.testing.assert_array_equal(history.groups, clients.groups)

@@ -336,7 +336,7 @@ def test_runs_of_different_seeds_batch_in_the_simulator(generated: dict) -> None
     merged = concatenate_clients(parts)
     models = tasks[0].initial_models(2)
     np.testing.assert_allclose(merged.losses(models), np.concatenate([part.losses(models) for part in parts]))
-    settings = method_settings("exp3", "housing")
+    settings = method_settings("exp3", preset="housing")
     batch = simulate_batch(tasks, settings, 6, [0, 1])
     for run, task in enumerate(tasks):
         alone = simulate(task, settings, 6, run)
@@ -346,7 +346,7 @@ def test_runs_of_different_seeds_batch_in_the_simulator(generated: dict) -> None
 # -- registry and validation ---------------------------------------------------------------------
 
 def test_registry_builds_the_housing_task(generated: dict) -> None:
-    assert TASKS == ("linear", "housing", "gmm", "characters", "femnist")
+    assert TASKS == ("linear", "housing", "gmm", "characters", "femnist", "boundaries", "digit-rotations", "collinear")
     task = task_from_config({
         "task": "housing", "num-clients": 7, "test-fraction": 0.25, "local-steps": 2, "learning-rate": 0.02,
         "init-radius": 3, "init-jitter": 0.1, "seed": 4, "data-file": str(generated["parquet"]),

@@ -56,7 +56,7 @@ def test_renders_a_finished_run(finished_run: Path) -> None:
 
 def test_follows_a_running_run_until_it_finishes(tmp_path: Path) -> None:
     """A writer thread lands a round every 20 ms; the monitor (refresh 10 ms) shows them and exits at the end."""
-    routing = method_settings("exp3", "linear")
+    routing = method_settings("exp3", preset="linear")
     num_rounds = 25
     write_status(tmp_path, "running", methods=["exp3"], num_rounds=num_rounds, current_method="exp3", completed=[])
     recorder = RunRecorder("exp3", 2, routing.controllers, num_rounds, telemetry_dir=tmp_path, progress_interval=None)

@@ -17,7 +17,7 @@ class FakeGrid:
 
 
 def _strategy(**kwargs) -> ClusteredRouting:
-    return ClusteredRouting(method_settings("exp3", "linear"), min_available_nodes=4, min_train_nodes=2,
+    return ClusteredRouting(method_settings("exp3", preset="linear"), min_available_nodes=4, min_train_nodes=2,
                             node_wait_timeout=0.6, **kwargs)
 
 

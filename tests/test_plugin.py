@@ -239,7 +239,7 @@ def test_cluster_models_of_different_architectures_are_refused() -> None:
 
 def test_routing_train_reply_has_the_builtin_schema_and_is_accepted() -> None:
     task = LinearTask(num_clients=4, seed=1)
-    strategy = ClusteredRouting(method_settings("exp3", "linear"), min_available_nodes=4, seed=5)
+    strategy = ClusteredRouting(method_settings("exp3", preset="linear"), min_available_nodes=4, seed=5)
     initial = linear_initial_models(task, 2)
     strategy.cluster_models = [{name: a.numpy() for name, a in record.items()} for record in initial]
     grid = InProcessGrid(linear_user_app(task), 4)
@@ -270,7 +270,7 @@ def test_plugin_client_makes_the_simulator_routes_and_models(method: str) -> Non
     num_rounds = 12
     overrides = {"entry_threshold": 1.0, "hysteresis_min_rounds": 3, "block_length": 3} if method == "sync-entry" \
         else {"block_length": 3}
-    routing = method_settings(method, "linear", **overrides)
+    routing = method_settings(method, preset="linear", **overrides)
     calls: dict[str, int] = {}
     grid = InProcessGrid(linear_user_app(TASK, calls), TASK.num_clients)
     strategy = ClusteredRouting(routing, min_available_nodes=TASK.num_clients, seed=7, run_key=method)
@@ -291,7 +291,7 @@ def test_plugin_client_makes_the_simulator_routes_and_models(method: str) -> Non
 
 
 def test_plugin_client_under_fedcam_makes_the_simulator_models() -> None:
-    routing = method_settings("fedcam", "linear")
+    routing = method_settings("fedcam", preset="linear")
     grid = InProcessGrid(linear_user_app(TASK), TASK.num_clients)
     strategy = FedCAM(routing, min_available_nodes=TASK.num_clients, seed=3)
     strategy.start(grid, linear_initial_models(TASK, 2), num_rounds=6)
@@ -307,7 +307,7 @@ def test_plugin_client_under_fedcam_makes_the_simulator_models() -> None:
 def test_evaluate_and_query_replies() -> None:
     task = LinearTask(num_clients=2, seed=4)
     handlers = linear_user_app(task)
-    strategy = ClusteredRouting(method_settings("sync-entry", "linear"), min_available_nodes=2)
+    strategy = ClusteredRouting(method_settings("sync-entry", preset="linear"), min_available_nodes=2)
     strategy.cluster_models = [{name: a.numpy() for name, a in r.items()} for r in linear_initial_models(task, 2)]
     strategy._num_rounds = 3
     grid = InProcessGrid(handlers, 2)
@@ -385,7 +385,7 @@ def test_results_api_train_metrics_per_cluster_evaluate_fn_and_final_models() ->
         return MetricRecord({"norm": float(np.linalg.norm(weight))})
 
     num_rounds = 4
-    routing = method_settings("exp3", "linear", block_length=2)
+    routing = method_settings("exp3", preset="linear", block_length=2)
     strategy = ClusteredRouting(routing, min_available_nodes=TASK.num_clients, seed=1, progress_interval=None)
     initial = linear_initial_models(TASK, 2)
     result = strategy.start(InProcessGrid({**base, MessageType.TRAIN: train}, TASK.num_clients), initial,

@@ -46,7 +46,7 @@ def test_progress_lines_are_throttled_and_the_pace_leaves_out_start_up() -> None
 
 
 def test_a_run_logs_its_method_round_eta_and_alarms(caplog: pytest.LogCaptureFixture) -> None:
-    routing = method_settings("greedy", "linear")
+    routing = method_settings("greedy", preset="linear")
     recorder = RunRecorder("greedy", 2, routing.controllers, 15, progress_interval=0.0)
     recorder.start()
     with caplog.at_level(logging.INFO, logger="fedroute"):

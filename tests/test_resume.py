@@ -35,7 +35,7 @@ def _context() -> Context:
 
 def test_a_replayed_round_starts_from_the_same_state(tmp_path: Path) -> None:
     task = LinearTask(num_clients=4, init="collapsed")
-    settings = method_settings("exp3", "linear", block_length=2)
+    settings = method_settings("exp3", preset="linear", block_length=2)
     client = task.clients(np.array([3]))
     models = task.initial_models(2)
     context = _context()
@@ -57,7 +57,7 @@ def test_a_replayed_round_starts_from_the_same_state(tmp_path: Path) -> None:
 
 
 def test_state_in_context_keeps_every_field_and_dtype_and_a_foreign_one_starts_afresh() -> None:
-    settings = method_settings("exp3", "characters", num_clusters=3)
+    settings = method_settings("exp3", preset="characters", num_clusters=3)
     state = AgentState.initial(1, settings)
     state.exp3_log_weights[:] = [[0.1, -2.5 / 3]]
     for name, value in (("arm", 1), ("arm_probability", 0.3), ("feedback_sum", 1.25), ("feedback_rounds", 4),
@@ -72,7 +72,7 @@ def test_state_in_context_keeps_every_field_and_dtype_and_a_foreign_one_starts_a
         assert stored.dtype == value.dtype and stored.shape == value.shape, name
         np.testing.assert_array_equal(stored, value, err_msg=name)
     # Another controller set (three arms instead of two): the stored state is not misread.
-    other = method_settings("exp3", "characters", num_clusters=3)
+    other = method_settings("exp3", preset="characters", num_clusters=3)
     other = type(other).from_dict({**other.to_dict(), "controllers": ("gr", "rh", "hys")})
     fresh = load_agent_state(context, "key", other, 5, 3)
     np.testing.assert_array_equal(fresh.exp3_log_weights, np.zeros((1, 3)))

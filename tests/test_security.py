@@ -325,7 +325,7 @@ def _context() -> Context:
 def test_a_truncated_state_file_is_moved_aside_and_the_client_starts_afresh(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Before: ``BadZipFile`` on every load and save: the client failed every round from then on."""
-    settings = method_settings("exp3", "linear")
+    settings = method_settings("exp3", preset="linear")
     state = AgentState.initial(1, settings)
     played = AgentState(**{**state.to_arrays(), "rounds_played": np.array([5])})
     save_agent_state(_context(), "key", played, 4, 3, tmp_path)
@@ -344,7 +344,7 @@ def test_a_truncated_state_file_is_moved_aside_and_the_client_starts_afresh(
 def test_a_node_whose_state_starts_afresh_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """Before: a restarted node without its state reset its controllers with an INFO line."""
     with caplog.at_level(logging.WARNING, logger="fedroute"):
-        load_agent_state(_context(), "key", method_settings("exp3", "linear"), 7, 3, None)
+        load_agent_state(_context(), "key", method_settings("exp3", preset="linear"), 7, 3, None)
     assert [record.levelname for record in caplog.records] == ["WARNING"]
     assert "round 7" in caplog.text and "starts afresh" in caplog.text
 
@@ -486,7 +486,7 @@ def test_run_keys_stay_inside_the_state_directory(tmp_path: Path, run_key: str) 
     with pytest.raises(ValueError, match="run_key"):
         ClusteredRouting(ROUTING, run_key=run_key)
     state_dir = tmp_path / "deep" / "state"
-    settings = method_settings("exp3", "linear")
+    settings = method_settings("exp3", preset="linear")
     with pytest.raises(ValueError, match="run key"):
         save_agent_state(_context(), run_key, AgentState.initial(1, settings), 0, 3, state_dir)
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]

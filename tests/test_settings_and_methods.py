@@ -88,15 +88,15 @@ def test_from_dict_parses_spaces_and_rejects_unknown_keys():
 
 # ----------------------------------------------------------------- methods --
 def test_greedy_method():
-    settings = method_settings("greedy", "linear")
+    settings = method_settings("greedy", preset="linear")
     assert settings.controllers == ("gr",)
     assert not settings.synchronized_entry
     # Greedy is Greedy whatever controller set is passed.
-    assert method_settings("greedy", "housing", controllers=("gr", "rev")).controllers == ("gr",)
+    assert method_settings("greedy", preset="housing", controllers=("gr", "rev")).controllers == ("gr",)
 
 
 def test_exp3_on_linear_is_block_over_gr_rh():
-    settings = method_settings("exp3", "linear")
+    settings = method_settings("exp3", preset="linear")
     assert settings.controllers == ("gr", "rh")
     assert settings.exp3_mode == "block"
     assert settings.block_length == 10 and settings.exp3_learning_rate == 2.0
@@ -106,35 +106,35 @@ def test_exp3_on_linear_is_block_over_gr_rh():
 
 
 def test_exp3_on_other_tasks():
-    assert method_settings("exp3", "gmm").controllers == ("gr", "rh")
-    housing = method_settings("exp3", "housing")
+    assert method_settings("exp3", preset="gmm").controllers == ("gr", "rh")
+    housing = method_settings("exp3", preset="housing")
     assert housing.controllers == ("gr", "com", "rev") and housing.exp3_mode == "block"
     assert housing.commitment_margin == 0.05
-    characters = method_settings("exp3", "characters")
+    characters = method_settings("exp3", preset="characters")
     assert characters.controllers == ("gr", "hys") and characters.exp3_mode == "action"
     assert characters.hysteresis_max_rounds == 160 and characters.hysteresis_min_rounds == 5
     assert characters.hysteresis_exit_gap == 0.005
 
 
 def test_sync_entry_method():
-    settings = method_settings("sync-entry", "characters")
+    settings = method_settings("sync-entry", preset="characters")
     assert settings.controllers == ("gr", "hys")
     assert settings.exp3_mode == "action"
     assert settings.synchronized_entry
     assert settings.hysteresis_max_rounds == 800
     assert settings.reversal_mass_threshold == 0.20
-    assert method_settings("sync-entry", "linear").synchronized_entry
+    assert method_settings("sync-entry", preset="linear").synchronized_entry
 
 
 def test_method_overrides_and_none_means_default():
-    assert method_settings("exp3", "linear", block_length=None).block_length == 10
-    assert method_settings("exp3", "linear", block_length=5).block_length == 5
+    assert method_settings("exp3", preset="linear", block_length=None).block_length == 10
+    assert method_settings("exp3", preset="linear", block_length=5).block_length == 5
     with pytest.raises(ValueError, match="'block_length'"):
-        method_settings("exp3", "linear", block_length=0)
+        method_settings("exp3", preset="linear", block_length=0)
 
 
 def test_unknown_method_or_task_raises():
     with pytest.raises(ValueError, match="method"):
-        method_settings("ifca", "linear")
+        method_settings("ifca", preset="linear")
     with pytest.raises(ValueError, match="task"):
-        method_settings("greedy", "mnist")
+        method_settings("greedy", preset="mnist")

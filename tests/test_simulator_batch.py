@@ -14,7 +14,7 @@ from fedroute.tasks.linear import LinearTask
 
 @pytest.mark.parametrize("method", ["greedy", "exp3", "sync-entry"])
 def test_batch_equals_single_runs(method: str) -> None:
-    settings = method_settings(method, "linear", entry_threshold=1.0, hysteresis_min_rounds=3)
+    settings = method_settings(method, preset="linear", entry_threshold=1.0, hysteresis_min_rounds=3)
     tasks = [LinearTask(num_clients=10, init=init, init_spread=rho, seed=seed)
              for init, rho, seed in [("spread", 0.5, 0), ("collapsed", 3.0, 1), ("spread", 4.0, 2)]]
     batch = simulate_batch(tasks, settings, 40, [5, 6, 7])
@@ -37,7 +37,7 @@ def _reduce(history, tasks, cells) -> pd.DataFrame:
 
 def test_sweep_rows_do_not_depend_on_chunking() -> None:
     cells = [{"rho": rho, "seed": seed} for rho in (0.5, 2.0) for seed in range(5)]
-    spec = SweepSpec("exp3", method_settings("exp3", "linear"), 20, _task, _reduce)
+    spec = SweepSpec("exp3", method_settings("exp3", preset="linear"), 20, _task, _reduce)
     whole = run_sweep([spec], cells, chunk_size=100, progress=False)
     pieces = run_sweep([spec], cells, chunk_size=3, progress=False)
     pd.testing.assert_frame_equal(whole, pieces)
@@ -47,7 +47,7 @@ def test_sweep_rows_do_not_depend_on_chunking() -> None:
 
 def test_model_rounds_keep_only_the_asked_states() -> None:
     task = LinearTask(num_clients=6, init="spread", seed=1)
-    settings = method_settings("exp3", "linear")
+    settings = method_settings("exp3", preset="linear")
     full = simulate_batch([task], settings, 12, [1])
     sparse = simulate_batch([task], settings, 12, [1], model_rounds=[0, 11, 12])
     np.testing.assert_array_equal(sparse.cluster_models, full.cluster_models[[0, 11, 12]])

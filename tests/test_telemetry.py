@@ -67,7 +67,7 @@ def test_strategy_and_simulator_write_the_same_telemetry(tmp_path: Path) -> None
     seed = 7
     for method in ("greedy", "exp3", "sync-entry", "fedcam"):
         overrides = {"entry_threshold": 1.0, "hysteresis_min_rounds": 3, "block_length": 3}
-        routing = method_settings(method, "linear", **(overrides if method != "fedcam" else {}))
+        routing = method_settings(method, preset="linear", **(overrides if method != "fedcam" else {}))
         strategy_class = FedCAM if method == "fedcam" else ClusteredRouting
         strategy = strategy_class(routing, min_available_nodes=TASK.num_clients, seed=seed, run_key=method,
                                   telemetry_dir=tmp_path / "flower", progress_interval=None)
