@@ -29,7 +29,7 @@ from fedroute.simulation.experiments.radius import (
     METHOD_NAMES, RadiusSweepConfig, alone_convergence, radius_panels, radius_table, run_radius)
 from fedroute.tasks.gmm import ORACLE_NEUTRAL, ORACLE_STEP_CAP, GMMTask, group_oracle_fit
 
-__all__ = ["GMMExperimentConfig", "make_gmm_task", "gmm_claims", "EXPERIMENT"]
+__all__ = ["GMMExperimentConfig", "make_gmm_task", "gmm_claims", "summarise_init_draws", "EXPERIMENT"]
 
 RESTORE_LEVEL = 0.8
 """EXP3 "usually restores": Pr(K_T^eval = 3) on the Greedy collapse cells at least this."""
@@ -139,8 +139,14 @@ def _init_draws(config: GMMExperimentConfig) -> dict[str, Any]:
     draws: dict[str, list[int]] = {f"{r:g}": [] for r in config.radii}
     for cell in config.cells():
         draws[f"{cell['radius']:g}"].append(config.task_factory()(cell).initial_draw(config.num_clusters)[1])
+    return summarise_init_draws(config.entrance, draws)
+
+
+def summarise_init_draws(entrance: str, draws: dict[str, list[int]]) -> dict[str, Any]:
+    """``config.json``'s ``init_draws``: the draws per R (``"<R>" → [draws per seed]``), their
+    min/median/max per R, and the total, mean and maximum over all cells."""
     every = np.concatenate([np.asarray(v) for v in draws.values()])
-    return {"entrance": config.entrance, "by_R": draws,
+    return {"entrance": entrance, "by_R": draws,
             "summary_by_R": {r: {"min": int(np.min(v)), "median": float(np.median(v)), "max": int(np.max(v))}
                              for r, v in draws.items()},
             "total": int(every.sum()), "mean": number(every.mean()), "max": int(every.max())}
@@ -193,7 +199,7 @@ def _run(config: GMMExperimentConfig, sweep: Sweep) -> Results:
 def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, Any]]:
     """The E5 claims."""
     runs, summary, cells = results.runs, results.summary, results.collapse_cells
-    methods, G, K, notes = set(runs["method"]), config.NUM_GROUPS, config.num_clusters, results.notes
+    methods, G, K, notes = set(runs["method"]), config.NUM_GROUPS, config.num_clusters, _notes(results, config)
     claims = []
     paper = "Greedy IFCA and FedCAM remain vulnerable across the radius sweep."
     for method in ("greedy", "fedcam"):

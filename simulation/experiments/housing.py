@@ -108,11 +108,16 @@ def _run(config: HousingExperimentConfig, sweep: Sweep) -> Results:
     config = replace(config, data_file=data_file)
     results = run_radius(config, sweep)
     results.facts.update(data=data, convergence_check=_convergence_check(config))
+    results.facts["notes"] = _notes(results, config)
+    return results
+
+
+def _notes(results: Results, config: HousingExperimentConfig) -> str:
     greedy = results.runs[results.runs["method"] == "greedy"]
     starts, single = len(greedy), int((greedy["round0_clusters_used"] == 1).sum())
     collapsed = int(greedy["collapsed"].sum())
     from_both = int((greedy["collapsed"] & (greedy["round0_clusters_used"] == config.num_clusters)).sum())
-    results.facts["notes"] = (
+    return (
         f"Round-zero entrance (task unchanged): {single} of {starts} starts are fully collapsed at round 0 (every "
         f"client's controller-free greedy choice on training losses at W^0 is the same model, K^0 = 1); in the "
         f"others both models receive clients, because the jitter (0.05 Delta_beta) around u_bar(R) decides the "
@@ -120,7 +125,6 @@ def _run(config: HousingExperimentConfig, sweep: Sweep) -> Results:
         f"{starts} runs, {from_both} of them from starts that used both models at round 0: on this task collapse "
         f"mostly develops during training (one model wins both regimes) rather than being inherited from the "
         f"entrance. We did not tune the jitter, the radii or the seeds to force collapsed entrances.")
-    return results
 
 
 def _sign_test(wins: int, losses: int) -> float:
@@ -133,7 +137,7 @@ def _sign_test(wins: int, losses: int) -> float:
 
 def housing_claims(results: Results, config: HousingExperimentConfig) -> list[dict[str, Any]]:
     """The E6 claims."""
-    runs, summary, cells, notes = results.runs, results.summary, results.collapse_cells, results.notes
+    runs, summary, cells, notes = results.runs, results.summary, results.collapse_cells, _notes(results, config)
     methods, K = set(runs["method"]), config.num_clusters
     smallest, largest = min(config.radii), max(config.radii)
     exp3, n_cells = summary[summary["method"] == "exp3"], len(cells)

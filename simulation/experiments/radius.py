@@ -30,7 +30,7 @@ from fedroute.simulation.simulator import BatchHistory
 from fedroute.simulation.sweep import SweepSpec
 
 __all__ = ["RadiusSweepConfig", "RUNS_COLUMNS", "SUMMARY_COLUMNS", "collapse_columns", "reduce_radius",
-           "run_radius", "radius_summary", "collapse_cells", "alone_convergence", "radius_panels", "radius_table",
+           "run_radius", "radius_results", "radius_summary", "collapse_cells", "alone_convergence", "radius_panels", "radius_table",
            "METHOD_NAMES"]
 
 METHOD_NAMES = {"greedy": "Greedy IFCA", "exp3": "EXP3", "fedcam": "FedCAM"}
@@ -153,11 +153,16 @@ def reduce_radius(history: BatchHistory, tasks: Sequence[Any], cells: Sequence[d
 
 
 def run_radius(config: RadiusSweepConfig, sweep: Sweep) -> Results:
-    """The sweep of every method, ``runs`` with ``greedy_collapse`` (the cell's Greedy run ends with
-    ``K_T^eval < G``), ``summary``, ``collapse_cells`` and the fact ``round_zero`` (per R)."""
-    table = sweep(list(config.specs().values()), config.cells(), config.chunk_size)
+    """The sweep of every method and :func:`radius_results`."""
+    return radius_results(sweep(list(config.specs().values()), config.cells(), config.chunk_size), config)
+
+
+def radius_results(table: pd.DataFrame, config: RadiusSweepConfig) -> Results:
+    """The tables of a sweep's rows: ``runs`` with ``greedy_collapse`` (the cell's Greedy run ends with
+    ``K_T^eval < G``), ``summary``, ``collapse_cells``, and the fact ``round_zero`` (per R)."""
     greedy = table[table["method"] == "greedy"].set_index(["radius", "seed"])["collapsed"]
-    table["greedy_collapse"] = greedy.reindex(pd.MultiIndex.from_frame(table[["radius", "seed"]])).to_numpy(bool)
+    table = table.assign(greedy_collapse=greedy.reindex(pd.MultiIndex.from_frame(table[["radius", "seed"]]))
+                         .to_numpy(dtype=bool))
     runs = table[list(RUNS_COLUMNS)].reset_index(drop=True)
     groups, clusters = config.NUM_GROUPS, config.num_clusters
     return Results({"runs": runs, "summary": radius_summary(runs, groups, clusters),
