@@ -52,12 +52,13 @@ def claims_markdown(claims: Sequence[dict[str, Any]]) -> str:
 
 
 def table_markdown(table: pd.DataFrame) -> str:
-    """A table as markdown (floats to 3 decimals)."""
-    def text(value: Any) -> str:
-        return f"{value:.3f}" if isinstance(value, float) else str(value)
+    """A table as markdown: the first column (the key) as ``{:g}``, other floats to 3 decimals."""
+    def text(value: Any, first: bool) -> str:
+        return (f"{value:g}" if first else f"{value:.3f}") if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(text(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    lines += ["| " + " | ".join(text(v, i == 0) for i, v in enumerate(row)) + " |"
+              for row in table.itertuples(index=False)]
     return "\n".join(lines)
 
 

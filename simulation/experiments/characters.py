@@ -539,6 +539,22 @@ def _run(config: CharactersExperimentConfig, sweep: Sweep) -> Results:
                    representative_run=representative)
 
 
+def _panel_e_table(results: Results) -> pd.DataFrame:
+    """Panel (e) per α and method, the joint recoveries of the adaptive methods and synchronized entry's mean
+    round-0 entrants (transformed clients)."""
+    recovery, runs = results.recovery, results.runs
+    table = recovery.pivot(index="alpha", columns="method", values="pr_two_usable_test")
+    table = table[[m for m in dict.fromkeys(recovery["method"])]]
+    for method in ("exp3", "sync-entry"):
+        part = recovery[recovery["method"] == method].set_index("alpha")
+        if len(part):
+            table[f"{method} joint"] = [f"{j}/{n}" for j, n in zip(part["joint"], part["runs"])]
+    sync = runs[runs["method"] == "sync-entry"]
+    if len(sync):
+        table["sync-entry entrants"] = sync.groupby("alpha")["round0_entrants_transformed"].mean()
+    return table.reset_index()
+
+
 def _levels_table(results: Results) -> pd.DataFrame:
     runs = results.runs
     totals = runs.groupby("method", sort=False)[["training", "joint", "sustained", "exact", "two_usable_test"]].sum()
@@ -580,6 +596,6 @@ EXPERIMENT = register(Experiment(
               title=_where("(h)", offset=False), styles={"exp3": _STYLES["exp3"] | {"offset": 0.0}},
               ylim=(0.4, 1.03), **_ROUNDS),
     ],
-    show=lambda results: [results.recovery, _levels_table(results)],
+    show=lambda results: [_panel_e_table(results), _levels_table(results)],
     variants={"long": Variant("T = 2400, H_max 2400 / 480 (the grid of the paper's T = 800)", long_horizon)},
 ))

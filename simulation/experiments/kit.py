@@ -33,7 +33,7 @@ from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepSpec, run_sweep
 from fedroute.strategies.methods import method_settings
 
-__all__ = ["Experiment", "ExperimentConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS", "register",
+__all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS", "register",
            "claim", "not_run", "number", "by_value", "method_spec", "RunLosses", "run_experiment", "InputError"]
 
 PAPER = "paper"
@@ -158,6 +158,43 @@ def method_spec(method: str, preset: str, num_rounds: int, make_task: Callable, 
     spec = SweepSpec(method=method, settings=method_settings(method, preset, **overrides), num_rounds=num_rounds,
                      make_task=make_task, reduce=reduce)
     return replace(spec, simulate=simulate_fedcam_batch) if method == "fedcam" else spec
+
+
+@dataclass(frozen=True)
+class MethodSweepConfig(ExperimentConfig):
+    """Settings of a sweep of named routing methods (Greedy IFCA among them: its runs define the failure or
+    collapse cells) on one method preset.  A subclass sets ``PRESET`` and defines ``cells()``,
+    ``task_factory()`` (cell → task: a module-level function with keywords, it travels to Ray workers) and
+    ``reducer()`` (the per-run metrics); ``task`` overrides the task's own defaults."""
+
+    PRESET: ClassVar[str] = ""
+    RULES = dict(first_seed="≥ 0", rounds="≥ 1", num_clusters="≥ 1", block_length="",
+                 methods=("greedy", "exp3", "fedcam"), chunk_size="≥ 1")
+
+    first_seed: int = 0
+    rounds: int = 100
+    num_clusters: int = 2
+    block_length: int = 10
+    exp3_learning_rate: float = 2.0
+    exp3_exploration: float = 0.001
+    methods: tuple[str, ...] = ("greedy", "exp3", "fedcam")
+    chunk_size: int = 10
+    task: Mapping[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        self.check([("greedy" in self.methods, "methods", self.methods, "a sequence including 'greedy'")])
+        self.task_factory()(self.cells()[0])  # the task validates its own settings (no data is read)
+        self.specs()                          # and the routing its own
+
+    def specs(self) -> dict[str, SweepSpec]:
+        """Method → sweep spec."""
+        return {method: method_spec(method, self.PRESET, self.rounds, self.task_factory(), self.reducer(),
+                                    num_clusters=self.num_clusters, block_length=self.block_length,
+                                    exp3_learning_rate=self.exp3_learning_rate, exp3_exploration=self.exp3_exploration)
+                for method in self.methods}
+
+    def derived(self) -> dict[str, Any]:
+        return {"cells": len(self.cells()), "routing": {m: spec.settings.to_dict() for m, spec in self.specs().items()}}
 
 
 class Results:

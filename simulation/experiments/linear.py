@@ -17,16 +17,16 @@ empirical losses (40 samples in d = 5), so basin starts can escape — a claim r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
 from fedroute.simulation.experiments.kit import (
-    Experiment, ExperimentConfig, Results, RunLosses, Sweep, by_value, claim, method_spec, not_run, number,
+    Experiment, MethodSweepConfig, Results, RunLosses, Sweep, by_value, claim, not_run, number,
     register)
 from fedroute.simulation.metrics import (
     assignment_accuracy, certified_starvation_basin, common_preferred_cluster, composition, group_routing_matrix,
@@ -56,28 +56,22 @@ _BLOCK_ARRAYS = ("block_probabilities", "block_fractions")
 
 
 @dataclass(frozen=True)
-class LinearExperimentConfig(ExperimentConfig):
+class LinearExperimentConfig(MethodSweepConfig):
     """Settings of E2/E3 (paper-fixed: 80 balanced clients, the init law, the recovery threshold 0.5,
     η_EXP3 = 2, γ = 0.001; ours: the rest).  ``task``: overrides of :class:`LinearTask`'s defaults; the
     ρ grid gives common preference 0.10 (ρ = 0.25) … 0.97 (ρ = 32) in the E1 population dynamics;
-    ``methods`` must include ``greedy`` (failure cells); ``final_window``: rounds of the β claim."""
+    ``final_window``: rounds of the β claim."""
 
     LABEL = "linear"
+    PRESET = "linear"
     QUICK = dict(rhos=(0.5, 4.0, 32.0), seeds_per_rho=6, rounds=60, chunk_size=4, name="E2-E3-linear-quick")
-    RULES = dict(rhos="≥ 0 distinct", seeds_per_rho="≥ 1", first_seed="≥ 0", rounds="≥ 1", block_length="",
-                 recovery_threshold="> 0", methods=("greedy", "exp3", "fedcam"), smoothing_blocks="≥ 1",
-                 final_window="≥ 1", chunk_size="≥ 1")
+    RULES = dict(rhos="≥ 0 distinct", seeds_per_rho="≥ 1", recovery_threshold="> 0", smoothing_blocks="≥ 1",
+                 final_window="≥ 1")
 
     rhos: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     seeds_per_rho: int = 100
-    first_seed: int = 0
     rounds: int = 200
-    task: Mapping[str, Any] = field(default_factory=dict)
-    block_length: int = 10
-    exp3_learning_rate: float = 2.0
-    exp3_exploration: float = 0.001
     recovery_threshold: float = 0.5
-    methods: tuple[str, ...] = ("greedy", "exp3", "fedcam")
     smoothing_blocks: int = 5
     final_window: int = 20
     chunk_size: int = 100
@@ -85,10 +79,8 @@ class LinearExperimentConfig(ExperimentConfig):
     version: str = "1"
 
     def validate(self) -> None:
-        self.check([("greedy" in self.methods, "methods", self.methods, "a sequence including 'greedy'"),
-                    (self.final_window <= self.rounds, "final_window", self.final_window, f"1..{self.rounds}")])
-        LinearTask(**self.task)  # the task and the routing validate their own settings
-        self.specs()
+        self.check([(self.final_window <= self.rounds, "final_window", self.final_window, f"1..{self.rounds}")])
+        super().validate()
 
     @property
     def linear_task(self) -> LinearTask:
@@ -100,17 +92,14 @@ class LinearExperimentConfig(ExperimentConfig):
         return [{"rho": rho, "seed": self.first_seed + i * self.seeds_per_rho + j}
                 for i, rho in enumerate(self.rhos) for j in range(self.seeds_per_rho)]
 
-    def specs(self) -> dict[str, SweepSpec]:
-        """Method → sweep spec."""
-        make_task = partial(make_linear_task, **self.task)
-        reduce = partial(reduce_linear, recovery_threshold=self.recovery_threshold, block_length=self.block_length)
-        return {m: method_spec(m, "linear", self.rounds, make_task, reduce, block_length=self.block_length,
-                               exp3_learning_rate=self.exp3_learning_rate, exp3_exploration=self.exp3_exploration)
-                for m in self.methods}
+    def task_factory(self) -> Callable[[dict[str, Any]], LinearTask]:
+        return partial(make_linear_task, **self.task)
+
+    def reducer(self) -> Callable[..., pd.DataFrame]:
+        return partial(reduce_linear, recovery_threshold=self.recovery_threshold, block_length=self.block_length)
 
     def derived(self) -> dict[str, Any]:
-        return {"theta": self.linear_task.group_parameters.tolist(), "cells": len(self.cells()),
-                "routing": {m: spec.settings.to_dict() for m, spec in self.specs().items()}}
+        return {"theta": self.linear_task.group_parameters.tolist(), **super().derived()}
 
 
 @dataclass(frozen=True)

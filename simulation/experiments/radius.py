@@ -14,20 +14,19 @@ Columns: docs/experiments.md.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.simulation.experiments.kit import ExperimentConfig, Results, RunLosses, Sweep, method_spec
+from fedroute.simulation.experiments.kit import MethodSweepConfig, Results, RunLosses, Sweep
 from fedroute.simulation.metrics import (
     assignment_accuracy, greedy_choices, group_routing_matrix, persistent_collapse, recovery_error, routed_loss,
     usable_models)
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory
-from fedroute.simulation.sweep import SweepSpec
 
 __all__ = ["RadiusSweepConfig", "RUNS_COLUMNS", "SUMMARY_COLUMNS", "collapse_columns", "reduce_radius",
            "run_radius", "radius_results", "radius_summary", "collapse_cells", "alone_convergence", "radius_panels", "radius_table",
@@ -50,51 +49,25 @@ _PER_METHOD = ("usable_models", "assignment_accuracy", "routed_test_loss", "eval
 
 
 @dataclass(frozen=True)
-class RadiusSweepConfig(ExperimentConfig):
-    """Settings every radius sweep has.  A subclass sets ``PRESET`` (the task's method preset),
-    ``NUM_GROUPS`` and :meth:`task_factory`; ``task`` overrides the task's own defaults."""
+class RadiusSweepConfig(MethodSweepConfig):
+    """Settings every radius sweep has; a subclass sets ``PRESET``, ``NUM_GROUPS`` and :meth:`task_factory`."""
 
-    PRESET: ClassVar[str] = ""
     NUM_GROUPS: ClassVar[int] = 2
-    RULES = dict(radii="≥ 0 distinct", seeds_per_radius="≥ 1", first_seed="≥ 0", rounds="≥ 2", num_clusters="≥ 1",
-                 block_length="", methods=("greedy", "exp3", "fedcam"), chunk_size="≥ 1")
+    RULES = dict(radii="≥ 0 distinct", seeds_per_radius="≥ 1", rounds="≥ 2")
 
     radii: tuple[float, ...] = (0.0,)
     seeds_per_radius: int = 10
-    first_seed: int = 0
-    rounds: int = 100
-    num_clusters: int = 2
-    block_length: int = 10
-    exp3_learning_rate: float = 2.0
-    exp3_exploration: float = 0.001
-    methods: tuple[str, ...] = ("greedy", "exp3", "fedcam")
-    chunk_size: int = 10
-    task: Mapping[str, Any] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        self.check([("greedy" in self.methods, "methods", self.methods, "a sequence including 'greedy'")])
-        self.task_factory()(self.cells()[0])   # the task validates its own settings (no data is read)
-        self.specs()
-
-    def task_factory(self) -> Callable[[dict[str, Any]], Any]:
-        """Cell → task (a module-level function with keywords: it travels to Ray workers)."""
-        raise NotImplementedError
 
     def cells(self) -> list[dict[str, Any]]:
         """``{"radius", "seed"}`` per cell, R-major; the same seeds at every R."""
         return [{"radius": radius, "seed": self.first_seed + j}
                 for radius in self.radii for j in range(self.seeds_per_radius)]
 
-    def specs(self) -> dict[str, SweepSpec]:
-        """Method → sweep spec."""
-        return {method: method_spec(method, self.PRESET, self.rounds, self.task_factory(), reduce_radius,
-                                    num_clusters=self.num_clusters, block_length=self.block_length,
-                                    exp3_learning_rate=self.exp3_learning_rate,
-                                    exp3_exploration=self.exp3_exploration) for method in self.methods}
+    def reducer(self) -> Callable[..., pd.DataFrame]:
+        return reduce_radius
 
     def derived(self) -> dict[str, Any]:
-        return {"num_groups": self.NUM_GROUPS, "cells": len(self.cells()),
-                "routing": {m: spec.settings.to_dict() for m, spec in self.specs().items()}}
+        return {"num_groups": self.NUM_GROUPS, **super().derived()}
 
 
 def collapse_columns(methods: Sequence[str]) -> tuple[str, ...]:
