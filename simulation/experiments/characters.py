@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, by_value, claim, not_run, number,
-    register)
+    register, task_settings)
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.metrics import (
     assignment_accuracy, femnist_recovery_levels, group_routing_matrix, usable_models)
@@ -149,6 +149,7 @@ class CharactersExperimentConfig(ExperimentConfig):
 
     def derived(self) -> dict[str, Any]:
         return {"runs": {m: len(self.cells(m)) for m in self.methods},
+                "task_settings": task_settings(partial(make_characters_task, **self.task), self.cells(self.methods[0])),
                 "total_runs": sum(len(self.cells(m)) for m in self.methods),
                 "routing": {m: self.routing(m).to_dict() for m in self.methods}, "kept_model_rounds": self.kept_rounds(),
                 "fedcam": FEDCAM_FORM, "data": "embedded: scikit-learn load_digits (8x8, 1,797 images) for FEMNIST"}

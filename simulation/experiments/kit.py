@@ -19,7 +19,7 @@ import math
 import resource
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 from typing import get_args, get_origin, get_type_hints
@@ -33,8 +33,10 @@ from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepSpec, run_sweep
 from fedroute.strategies.methods import method_settings
 
-__all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS", "register",
-           "claim", "not_run", "number", "by_value", "method_spec", "RunLosses", "run_experiment", "InputError"]
+__all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
+           "register",
+           "claim", "not_run", "number", "by_value", "method_spec", "task_settings", "RunLosses", "run_experiment",
+           "InputError"]
 
 PAPER = "paper"
 EXPERIMENTS: dict[str, "Experiment"] = {}
@@ -160,6 +162,14 @@ def method_spec(method: str, preset: str, num_rounds: int, make_task: Callable, 
     return replace(spec, simulate=simulate_fedcam_batch) if method == "fedcam" else spec
 
 
+def task_settings(make_task: Callable[[dict[str, Any]], Any], cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The settings (dataclass fields) of the cells' tasks for ``config.json``: the task's defaults with the
+    config's overrides, without the fields the cells set (those that differ between the first and last cell)."""
+    first, last = ({f.name: getattr(task, f.name) for f in fields(task)}
+                   for task in map(make_task, (cells[0], cells[-1])))
+    return {key: value for key, value in first.items() if last[key] == value}
+
+
 @dataclass(frozen=True)
 class MethodSweepConfig(ExperimentConfig):
     """Settings of a sweep of named routing methods (Greedy IFCA among them: its runs define the failure or
@@ -194,7 +204,8 @@ class MethodSweepConfig(ExperimentConfig):
                 for method in self.methods}
 
     def derived(self) -> dict[str, Any]:
-        return {"cells": len(self.cells()), "routing": {m: spec.settings.to_dict() for m, spec in self.specs().items()}}
+        return {"cells": len(self.cells()), "task_settings": task_settings(self.task_factory(), self.cells()),
+                "routing": {m: spec.settings.to_dict() for m, spec in self.specs().items()}}
 
 
 class Results:
