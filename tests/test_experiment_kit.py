@@ -3,17 +3,18 @@
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from fedroute.simulation import cli
-from fedroute.simulation.experiments import EXPERIMENTS, characters, fig1, gmm, housing, linear, radius
+from fedroute.simulation.experiments import EXPERIMENTS, PAPER, characters, fig1, gmm, housing, linear, radius
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, InputError, Results, Variant, claim, number, run_experiment)
 from fedroute.simulation.plotting import Panel
-from fedroute.simulation.results_doc import claims_markdown, table_markdown, update_results_doc
+from fedroute.simulation.results_doc import MARKER, claims_markdown, table_markdown, update_results_doc
 
 TABLES = {
     "fig1": {"summary": fig1.SUMMARY_COLUMNS, "runs": fig1.RUNS_COLUMNS},
@@ -203,3 +204,13 @@ def test_markdown_of_claims_and_tables(tmp_path):
     doc.write_text("<!-- claims:x:begin -->\nold\n<!-- claims:x:end -->\n")
     assert update_results_doc(tmp_path / "no-outputs", doc, {}) == []
     assert doc.read_text() == "<!-- claims:x:begin -->\nold\n<!-- claims:x:end -->\n"
+
+
+def test_results_doc_has_the_claims_of_every_output_of_reproduce_all():
+    """docs/results.md has a claims table for every output directory ``reproduce all`` writes, and its table
+    markers name such outputs (a new experiment or variant needs its place in the document)."""
+    markers = [m.groups() for m in MARKER.finditer((Path(cli.__file__).parents[1] / "docs" / "results.md").read_text())]
+    outputs = {experiment.output_name(variant) for experiment in EXPERIMENTS.values()
+               for variant in (PAPER, *(name for name, v in experiment.variants.items() if v.in_all))}
+    assert sorted(name for kind, name in markers if kind == "claims") == sorted(outputs)
+    assert {name for kind, name in markers if kind == "table"} <= outputs
