@@ -35,8 +35,8 @@ from fedroute.strategies.methods import method_settings
 
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
            "register",
-           "claim", "not_run", "number", "by_value", "method_spec", "task_settings", "RunLosses", "run_experiment",
-           "InputError"]
+           "claim", "not_run", "number", "by_value", "greedy_of_cell", "method_spec", "task_settings", "RunLosses",
+           "run_experiment", "InputError"]
 
 PAPER = "paper"
 EXPERIMENTS: dict[str, "Experiment"] = {}
@@ -69,6 +69,12 @@ def by_value(table: pd.DataFrame, method: str, key: str, column: str) -> dict[st
     """``{f"{key value:g}": column value}`` of one method's rows, sorted by ``key`` (JSON-friendly)."""
     rows = table[table["method"] == method].sort_values(key)
     return {f"{k:g}": number(v) for k, v in zip(rows[key], rows[column])}
+
+
+def greedy_of_cell(table: pd.DataFrame, keys: Sequence[str], column: str) -> np.ndarray:
+    """Per row of a sweep's table, ``column`` of the Greedy run of the same cell (cells identified by ``keys``)."""
+    greedy = table[table["method"] == "greedy"].set_index(list(keys))[column]
+    return greedy.reindex(pd.MultiIndex.from_frame(table[list(keys)])).to_numpy()
 
 
 def _within(value: float, bounds: str) -> bool:

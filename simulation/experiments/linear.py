@@ -26,7 +26,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from fedroute.simulation.experiments.kit import (
-    Experiment, MethodSweepConfig, Results, RunLosses, Sweep, by_value, claim, not_run, number,
+    Experiment, MethodSweepConfig, Results, RunLosses, Sweep, by_value, claim, greedy_of_cell, not_run, number,
     register)
 from fedroute.simulation.metrics import (
     assignment_accuracy, certified_starvation_basin, common_preferred_cluster, composition, group_routing_matrix,
@@ -347,9 +347,7 @@ def _e3(config: LinearExperimentConfig, runs: pd.DataFrame,
 def _run(config: LinearExperimentConfig, sweep: Sweep) -> Results:
     specs = config.specs()
     table = sweep(list(specs.values()), config.cells(), config.chunk_size)
-    greedy = table[table["method"] == "greedy"].set_index(["rho", "seed"])["recovery_error"]
-    failure = greedy >= config.recovery_threshold
-    table["greedy_failure"] = failure.reindex(pd.MultiIndex.from_frame(table[["rho", "seed"]])).to_numpy(dtype=bool)
+    table["greedy_failure"] = greedy_of_cell(table, ["rho", "seed"], "recovery_error") >= config.recovery_threshold
     cell_blocks = _cell_blocks(table, {m: spec.settings.controllers for m, spec in specs.items()})
     runs = table.drop(columns=list(_BLOCK_ARRAYS))[list(RUNS_COLUMNS)].reset_index(drop=True)
     representative = _representative_cell(runs)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.simulation.experiments.kit import MethodSweepConfig, Results, RunLosses, Sweep
+from fedroute.simulation.experiments.kit import MethodSweepConfig, Results, RunLosses, Sweep, greedy_of_cell
 from fedroute.simulation.metrics import (
     assignment_accuracy, greedy_choices, group_routing_matrix, persistent_collapse, recovery_error, routed_loss,
     usable_models)
@@ -133,9 +133,7 @@ def run_radius(config: RadiusSweepConfig, sweep: Sweep) -> Results:
 def radius_results(table: pd.DataFrame, config: RadiusSweepConfig) -> Results:
     """The tables of a sweep's rows: ``runs`` with ``greedy_collapse`` (the cell's Greedy run ends with
     ``K_T^eval < G``), ``summary``, ``collapse_cells``, and the fact ``round_zero`` (per R)."""
-    greedy = table[table["method"] == "greedy"].set_index(["radius", "seed"])["collapsed"]
-    table = table.assign(greedy_collapse=greedy.reindex(pd.MultiIndex.from_frame(table[["radius", "seed"]]))
-                         .to_numpy(dtype=bool))
+    table = table.assign(greedy_collapse=greedy_of_cell(table, ["radius", "seed"], "collapsed").astype(bool))
     runs = table[list(RUNS_COLUMNS)].reset_index(drop=True)
     groups, clusters = config.NUM_GROUPS, config.num_clusters
     return Results({"runs": runs, "summary": radius_summary(runs, groups, clusters),
