@@ -12,7 +12,7 @@ import pytest
 from fedroute.simulation import cli
 from fedroute.simulation.experiments import EXPERIMENTS, PAPER, characters, fig1, gmm, housing, linear, radius
 from fedroute.simulation.experiments.kit import (
-    Experiment, ExperimentConfig, InputError, Results, Variant, claim, number, run_experiment)
+    Experiment, ExperimentConfig, InputError, Results, Variant, claim, number, run_experiment, train_groups_alone)
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.results_doc import MARKER, claims_markdown, table_markdown, update_results_doc
 
@@ -214,3 +214,25 @@ def test_results_doc_has_the_claims_of_every_output_of_reproduce_all():
                for variant in (PAPER, *(name for name, v in experiment.variants.items() if v.in_all))}
     assert sorted(name for kind, name in markers if kind == "claims") == sorted(outputs)
     assert {name for kind, name in markers if kind == "table"} <= outputs
+
+
+def test_groups_trained_alone_for_a_batch_of_runs():
+    """Each run's model ``g`` is trained by group ``g``'s clients alone (sample-weighted average of their local
+    updates), the runs of a batch independently; the start is kept at ``t = 0``."""
+    from fedroute.simulation.simulator import concatenate_clients
+    from fedroute.tasks.linear import LinearTask
+
+    tasks = [LinearTask(num_clients=6, samples_per_client=5 + seed, seed=seed) for seed in (0, 1)]
+    clients = concatenate_clients([task.clients(np.arange(6)) for task in tasks])
+    run_of_client = np.repeat([0, 1], 6)
+    start = np.random.default_rng(0).normal(size=(2, 2, tasks[0].dimension))
+    trained = train_groups_alone(clients, run_of_client, start, [0, 3])
+    np.testing.assert_array_equal(trained[0], start)
+    for r, task in enumerate(tasks):
+        own = task.clients(np.arange(6))
+        models = start[r].copy()
+        for t in range(3):
+            update = own.local_update(models[own.groups], np.arange(6), t)
+            models = np.stack([np.average(update[own.groups == g], axis=0, weights=own.num_examples[own.groups == g])
+                               for g in range(2)])
+        np.testing.assert_allclose(trained[3][r], models, rtol=1e-12)

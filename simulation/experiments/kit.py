@@ -31,12 +31,13 @@ from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepSpec, run_sweep
+from fedroute.strategies.aggregation import hard_update
 from fedroute.strategies.methods import method_settings
 
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
            "register",
            "claim", "not_run", "number", "by_value", "greedy_of_cell", "method_spec", "task_settings", "RunLosses",
-           "run_experiment", "InputError"]
+           "train_groups_alone", "run_experiment", "InputError"]
 
 PAPER = "paper"
 EXPERIMENTS: dict[str, "Experiment"] = {}
@@ -240,6 +241,22 @@ class RunLosses:
     def __call__(self, states: np.ndarray, split: str) -> np.ndarray:
         losses = self.clients.losses(np.asarray(states)[self.run_of_client], split)
         return losses.reshape(len(states), self.num_clients, -1)
+
+
+def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarray, rounds: Sequence[int]
+                       ) -> dict[int, np.ndarray]:
+    """Each group's model trained on that group alone, for a batch of runs: every client of group ``g`` trains model
+    ``g`` of its run and the hard update averages them (the routing loop with each group routed to its own cluster),
+    from ``models`` (R, G, P); returns the models at every ``t`` in ``rounds``."""
+    groups, rows, last = clients.groups, np.arange(len(clients.groups)), max(rounds)
+    kept = {}
+    for t in range(last + 1):
+        if t in rounds:
+            kept[t] = models
+        if t < last:
+            trained = clients.local_update(models[run_of_client, groups], rows, t)
+            models = hard_update(models, trained, groups, clients.num_examples, run_of_client)
+    return kept
 
 
 class Sweep:

@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.simulation.experiments.kit import MethodSweepConfig, Results, RunLosses, Sweep, greedy_of_cell
+from fedroute.simulation.experiments.kit import (
+    MethodSweepConfig, Results, RunLosses, Sweep, greedy_of_cell, train_groups_alone)
 from fedroute.simulation.metrics import (
     assignment_accuracy, greedy_choices, group_routing_matrix, persistent_collapse, recovery_error, routed_loss,
     usable_models)
@@ -214,13 +215,8 @@ def alone_convergence(task: Any, radius: float, rounds: int) -> dict[str, list[f
     groups, weights = clients.groups, clients.num_examples.astype(np.float64)
     oracle = _oracle(task)
     num_groups = oracle.shape[0]
-    models = np.repeat(np.asarray(task.initial_centre(radius), dtype=np.float64)[None], num_groups, axis=0)
-    everyone = np.arange(len(groups))
-    for round_index in range(rounds):
-        trained = clients.local_update(models[groups], everyone, round_index)
-        for g in range(num_groups):
-            members = groups == g
-            models[g] = np.average(trained[members], axis=0, weights=weights[members])
+    start = np.repeat(np.asarray(task.initial_centre(radius), dtype=np.float64)[None, None], num_groups, axis=1)
+    models = train_groups_alone(clients, np.zeros(len(groups), dtype=np.int64), start, [rounds])[rounds][0]
 
     def group_loss(parameters: NDArray) -> NDArray:                   # (G_models,) per group → (G, G_models)
         table = clients.losses(parameters, "train")
