@@ -34,8 +34,8 @@ from numpy.typing import NDArray
 
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, by_value, claim, not_run, number,
-    register, task_settings)
-from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
+    register, simulate_fedcam, task_settings)
+from fedroute.simulation.fedcam import FedCAMTask
 from fedroute.simulation.metrics import (
     assignment_accuracy, femnist_recovery_levels, group_routing_matrix, usable_models)
 from fedroute.simulation.plotting import Panel
@@ -260,14 +260,6 @@ def make_fedcam_task(cell: dict[str, Any], **task_settings: Any) -> FedCAMTask:
     return FedCAMTask(make_characters_task(cell, **task_settings))
 
 
-def _simulate_fedcam(tasks: Sequence[Any], settings, num_rounds, seeds, model_rounds=None,
-                     on_round=None) -> BatchHistory:
-    """:func:`simulate_fedcam_batch` on the cells' tasks (given as such or as :class:`FedCAMTask`; it records
-    the pairs of the output-sum form)."""
-    return simulate_fedcam_batch([task.task if isinstance(task, FedCAMTask) else task for task in tasks],
-                                 settings, num_rounds, seeds, model_rounds=model_rounds, on_round=on_round)
-
-
 def method_spec(method: str, config: CharactersExperimentConfig, model_rounds: Optional[Sequence[int]] = None,
                 ) -> SweepSpec:
     """A method of E4 as a sweep spec (FedCAM with its own simulator); ``model_rounds`` defaults to the kept states."""
@@ -280,7 +272,7 @@ def method_spec(method: str, config: CharactersExperimentConfig, model_rounds: O
         make_task=partial(make_fedcam_task if fedcam else make_characters_task, **config.task),
         reduce=partial(reduce_characters, num_rounds=config.rounds, window=config.sustained_window),
         seed_key="seed",
-        simulate=partial(_simulate_fedcam if fedcam else simulate_batch, model_rounds=kept),
+        simulate=partial(simulate_fedcam if fedcam else simulate_batch, model_rounds=kept),
     )
 
 

@@ -27,7 +27,7 @@ from typing import get_args, get_origin, get_type_hints
 import numpy as np
 import pandas as pd
 
-from fedroute.simulation.fedcam import simulate_fedcam_batch
+from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepSpec, run_sweep
@@ -36,7 +36,7 @@ from fedroute.strategies.methods import method_settings
 
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
            "register",
-           "claim", "not_run", "number", "by_value", "greedy_of_cell", "method_spec", "task_settings", "RunLosses",
+           "claim", "not_run", "number", "by_value", "greedy_of_cell", "method_spec", "simulate_fedcam", "task_settings", "RunLosses",
            "train_groups_alone", "run_experiment", "InputError"]
 
 PAPER = "paper"
@@ -160,13 +160,20 @@ class ExperimentConfig:
         return {**asdict(self), "derived": self.derived()}
 
 
+def simulate_fedcam(tasks: Sequence[Any], settings: Any, num_rounds: int, seeds: Sequence[int], **options: Any) -> Any:
+    """FedCAM's simulator on the cells' tasks, given as such or as their :class:`FedCAMTask` view (whose clients
+    score the pairs ``[Θ_glob | Θ_k]`` of the output-sum form for the per-run metrics)."""
+    return simulate_fedcam_batch([task.task if isinstance(task, FedCAMTask) else task for task in tasks], settings,
+                                 num_rounds, seeds, **options)
+
+
 def method_spec(method: str, preset: str, num_rounds: int, make_task: Callable, reduce: Callable,
                 **overrides: Any) -> SweepSpec:
     """A method of :mod:`fedroute.strategies.methods` with the task preset's routing as a sweep spec
     (FedCAM with its own simulator)."""
     spec = SweepSpec(method=method, settings=method_settings(method, preset, **overrides), num_rounds=num_rounds,
                      make_task=make_task, reduce=reduce)
-    return replace(spec, simulate=simulate_fedcam_batch) if method == "fedcam" else spec
+    return replace(spec, simulate=simulate_fedcam) if method == "fedcam" else spec
 
 
 def task_settings(make_task: Callable[[dict[str, Any]], Any], cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
