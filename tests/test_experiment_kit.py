@@ -165,7 +165,7 @@ def test_reproduce_all_runs_every_experiment_and_variant_and_rewrites_the_marked
     monkeypatch.setattr("fedroute.simulation.experiments.EXPERIMENTS", {"toy": TOY})
     doc = tmp_path / "results.md"
     doc.write_text("intro\n<!-- claims:toy-big:begin -->\nold\n<!-- claims:toy-big:end -->\nmiddle\n"
-                   "<!-- table:toy:begin -->\nold\n<!-- table:toy:end -->\n"
+                   "<!-- table:toy:begin -->\nold\n<!-- table:toy:end -->\n<!-- table:toy-big:begin -->\n<!-- table:toy-big:end -->\n"
                    "<!-- claims:absent:begin -->\nkept\n<!-- claims:absent:end -->\nend\n")
     out = tmp_path / "out"
     assert cli.main(["reproduce", "all", "--out", str(out), "--docs", str(doc)]) == 0
@@ -176,6 +176,7 @@ def test_reproduce_all_runs_every_experiment_and_variant_and_rewrites_the_marked
     assert text.startswith("intro\n<!-- claims:toy-big:begin -->\n| claim (as tested) | measured | holds |")
     assert "| y \\| doubles | y = 12 | yes |" in text and "nnnn" not in text  # long notes stay in claims.json
     assert "| method | x | y |\n|---|---|---|\n| greedy | 1.000 | 2.000 |" in text
+    assert "<!-- table:toy-big:begin -->\n| method | x | y |\n|---|---|---|\n| greedy | 1.000 | 6.000 |" in text  # a variant
     assert "middle\n" in text and "<!-- claims:absent:begin -->\nkept\n<!-- claims:absent:end -->\nend\n" in text
 
 
