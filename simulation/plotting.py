@@ -50,7 +50,7 @@ class Panel:
     """One figure ``figures/<stem>.{png,pdf}``: ``y`` against ``x`` of a table, one line per value of ``by``.
 
     ``data`` is a table name of the results (read as an attribute) or a function of the results returning the
-    (long) table;
+    (long) table; ``bars``: grouped bars per ``x`` value instead of lines;
     ``styles`` maps a line to matplotlib keywords (over :data:`METHOD_STYLES`; ``offset`` shifts it
     vertically); ``title`` may be a function of ``(results, config)``; ``extra(ax, results, config)``
     draws more.
@@ -71,22 +71,30 @@ class Panel:
     xticks: bool = False
     log2_x: bool = False
     extra: Optional[Callable[[Any, Any, Any], None]] = None
+    bars: bool = False
 
     def draw(self, results: Any, config: Any, figures: Path) -> None:
         """Draw the panel of ``results`` into ``figures/<stem>.{png,pdf}``."""
         plt = pyplot()
-        fig, ax = plt.subplots(figsize=(5.4, 3.7))
         table = self.data(results) if callable(self.data) else getattr(results, self.data)
-        for key, part in table.groupby(self.by, sort=False):
+        fig, ax = plt.subplots(figsize=(max(5.4, 0.4 * table[self.x].nunique()) if self.bars else 5.4, 3.7))
+        lines, positions = table[self.by].unique(), list(table[self.x].unique())
+        for j, (key, part) in enumerate(table.groupby(self.by, sort=False)):
             style = {"label": key, **METHOD_STYLES.get(key, {}), **self.styles.get(key, {})}
             offset = style.pop("offset", 0.0)
-            if self.step:
+            if self.bars:
+                width = 0.8 / len(lines)
+                ax.bar([positions.index(v) + (j - (len(lines) - 1) / 2) * width for v in part[self.x]],
+                       part[self.y] + offset, width, **style)
+            elif self.step:
                 ax.step(part[self.x], part[self.y] + offset, where="post", linewidth=1.2, **style)
             else:
                 ax.plot(part[self.x], part[self.y] + offset, **{"marker": self.marker, **style})
         if self.extra is not None:
             self.extra(ax, results, config)
-        if self.log2_x:
+        if self.bars:
+            ax.set_xticks(range(len(positions)), positions, fontsize=7)
+        elif self.log2_x:
             log2_axis(ax, table[self.x])
         elif self.xticks:
             ax.set_xticks(sorted(table[self.x].unique()))

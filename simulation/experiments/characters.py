@@ -141,7 +141,7 @@ class CharactersExperimentConfig(ExperimentConfig):
         if method in ("sync-entry", "exp3"):
             overrides["hysteresis_max_rounds"] = (self.sync_entry_max_rounds if method == "sync-entry"
                                                   else self.exp3_max_rounds)
-        return method_settings(method, "characters", **overrides)
+        return method_settings(method, preset="characters", **overrides)
 
     def kept_rounds(self) -> list[int]:
         """States kept from the sweep: ``W^0`` and the sustained window ``W^{T−w+1} … W^T``."""

@@ -171,8 +171,8 @@ def method_spec(method: str, preset: str, num_rounds: int, make_task: Callable, 
                 **overrides: Any) -> SweepSpec:
     """A method of :mod:`fedroute.strategies.methods` with the task preset's routing as a sweep spec
     (FedCAM with its own simulator)."""
-    spec = SweepSpec(method=method, settings=method_settings(method, preset, **overrides), num_rounds=num_rounds,
-                     make_task=make_task, reduce=reduce)
+    spec = SweepSpec(method=method, settings=method_settings(method, preset=preset, **overrides),
+                     num_rounds=num_rounds, make_task=make_task, reduce=reduce)
     return replace(spec, simulate=simulate_fedcam) if method == "fedcam" else spec
 
 
