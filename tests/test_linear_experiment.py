@@ -92,7 +92,7 @@ def test_theorem_2_on_finite_data(runs):
 
     cells = persistent[["rho", "seed"]].to_dict("records")
     tasks = [make_linear_task(cell, **QUICK.task) for cell in cells]
-    history = simulate_batch(tasks, method_settings("greedy", "linear"), QUICK.rounds, [c["seed"] for c in cells])
+    history = simulate_batch(tasks, method_settings("greedy", preset="linear"), QUICK.rounds, [c["seed"] for c in cells])
     for run, (task, row) in enumerate(zip(tasks, persistent.itertuples())):
         active, starved = row.preferred_cluster, 1 - row.preferred_cluster
         models = history.cluster_models[:, run]
