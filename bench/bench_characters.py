@@ -2,7 +2,7 @@
 
 Run: ``python bench/bench_characters.py [--rounds 800] [--loop-rounds 5] [--loop-runs 2]``.
 
-1. **Batched**: :func:`run_characters` on the E4 grid (144 runs, 4 methods; ``--rounds``
+1. **Batched**: the E4 experiment's run on its grid (144 runs, 4 methods; ``--rounds``
    shortens ``T`` for a quick look), one process.  Prints the wall time per method
    and in total, run-rounds per second, and the target (full grid ≤ 10 min on the
    2-core machine).
@@ -30,12 +30,14 @@ from fedroute.client.agent import AgentState
 from fedroute.client.fedcam import fedcam_client_round
 from fedroute.client.round import client_round, provisional_greedy_routes
 from fedroute.simulation.experiments.characters import (
+    EXPERIMENT,
     CharactersExperimentConfig,
     make_characters_task,
     method_spec,
-    run_characters,
 )
+from fedroute.simulation.experiments.kit import Sweep
 from fedroute.strategies.aggregation import hard_update, routing_masses
+from fedroute.tasks.characters import CharactersTask
 
 
 def per_client_loop(task, settings, method: str, num_rounds: int, seed: int) -> np.ndarray:
@@ -84,21 +86,22 @@ def main() -> None:
     config = CharactersExperimentConfig(rounds=args.rounds)
     grid_run_rounds = {m: len(config.cells(m)) * config.rounds for m in config.methods}
     total_run_rounds = sum(grid_run_rounds.values())
-    clients_per_run = config.num_clients
+    clients_per_run = CharactersTask(**config.task).num_clients
 
     batched_per_run_round = {}
     if not args.skip_grid:
         started = time.perf_counter()
-        results = run_characters(config, progress=True)
+        sweep = Sweep(progress=True)
+        EXPERIMENT.run(config, sweep)
         seconds = time.perf_counter() - started
         print(f"E4 grid: {sum(len(config.cells(m)) for m in config.methods)} runs x T = {config.rounds} "
               f"x {clients_per_run} clients, one process")
         for method in config.methods:
-            s = results.seconds[method]
+            s = sweep.seconds[method]
             batched_per_run_round[method] = s / grid_run_rounds[method]
             print(f"  {method:<10}: {s:8.1f} s  {grid_run_rounds[method] / s:8.1f} run-rounds/s "
                   f"({len(config.cells(method))} runs)")
-        other = seconds - sum(results.seconds[m] for m in config.methods)
+        other = seconds - sum(sweep.seconds[m] for m in config.methods)
         print(f"  audit + representative run + tables: {other:6.1f} s")
         print(f"batched total: {seconds:8.1f} s = {seconds / 60:.1f} min  ({total_run_rounds / seconds:.1f} "
               f"run-rounds/s, {total_run_rounds * clients_per_run / seconds:.0f} client-rounds/s)  "
@@ -110,7 +113,7 @@ def main() -> None:
         spec = method_spec(method, replace(config, rounds=args.loop_rounds, sustained_window=1),
                            model_rounds=[args.loop_rounds])
         cells = config.cells(method)[:args.loop_runs]
-        tasks = [make_characters_task(cell, **config.task_settings()) for cell in cells]
+        tasks = [make_characters_task(cell, **config.task) for cell in cells]
         for task in tasks:
             task.initial_models(2)  # pretraining outside the timing
         started = time.perf_counter()

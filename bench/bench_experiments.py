@@ -10,7 +10,8 @@ import time
 from dataclasses import replace
 
 from fedroute.simulation.experiments.fig1 import Fig1Config, run_fig1
-from fedroute.simulation.experiments.linear import LinearExperimentConfig, run_linear
+from fedroute.simulation.experiments.kit import Sweep
+from fedroute.simulation.experiments.linear import EXPERIMENT as LINEAR, LinearExperimentConfig
 
 
 def main() -> None:
@@ -23,7 +24,7 @@ def main() -> None:
     for method in full.methods:
         config = replace(full, methods=("greedy",) if method == "greedy" else ("greedy", method))
         started = time.perf_counter()
-        run_linear(config, progress=True)
+        LINEAR.run(config, Sweep(progress=True))
         seconds = time.perf_counter() - started
         if method != "greedy":
             seconds -= greedy_seconds  # the sweep needs Greedy for the failure cells

@@ -13,27 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-__all__ = ["main", "REPRODUCE_COMMANDS", "REPRODUCE_CONFIGS", "named_config", "reproduce_dir"]
-
-REPRODUCE_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
-REPRODUCE_CONFIGS: dict[str, dict[str, str]] = {}
-"""Experiment → its named configurations besides ``paper`` (name → one-line description), for ``--config``."""
-PAPER_CONFIG = "paper"
-
-
-def named_config(args: argparse.Namespace) -> str:
-    """The ``--config`` name of a ``reproduce`` command (``paper`` when not given)."""
-    return getattr(args, "config", None) or PAPER_CONFIG
-
-
-def reproduce_dir(args: argparse.Namespace, experiment: str) -> Path:
-    """``OUT/<experiment>`` for the paper's configuration, ``OUT/<experiment>-<name>`` for a named one."""
-    name = named_config(args)
-    return Path(args.out) / (experiment if name == PAPER_CONFIG else f"{experiment}-{name}")
-"""Experiment name → function(args) returning an exit code; experiments register here."""
+__all__ = ["main", "build_parser"]
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -165,19 +149,69 @@ def _certificates(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    allowed = [PAPER_CONFIG, *REPRODUCE_CONFIGS.get(args.experiment, {})]
-    if named_config(args) not in allowed:
-        print(f"fedroute reproduce {args.experiment}: --config {named_config(args)!r} is invalid; allowed: "
-              f"{', '.join(allowed)}", file=sys.stderr)
+    """``fedroute reproduce NAME|all``: run experiments (:mod:`fedroute.simulation.experiments.kit`); a claim that
+    does not hold is a result (``claims.json``), not a failure: exit code 0."""
+    import pandas as pd
+
+    from fedroute.simulation.experiments import EXPERIMENTS, PAPER
+    from fedroute.simulation.experiments.kit import InputError, peak_memory_mb, run_experiment
+    from fedroute.simulation.results_doc import update_results_doc
+
+    variant = getattr(args, "config", None) or PAPER
+    if args.experiment == "all":
+        if variant != PAPER:
+            print("fedroute reproduce all: --config is invalid here; allowed: paper (all runs every variant)",
+                  file=sys.stderr)
+            return 2
+        jobs = [(experiment, name) for experiment in EXPERIMENTS.values()
+                for name in (PAPER, *(n for n, v in experiment.variants.items() if v.in_all))]
+    else:
+        experiment = EXPERIMENTS[args.experiment]
+        if variant != PAPER and variant not in experiment.variants:
+            print(f"fedroute reproduce {experiment.name}: --config {variant!r} is invalid; allowed: "
+                  f"{', '.join([PAPER, *experiment.variants])}", file=sys.stderr)
+            return 2
+        jobs = [(experiment, variant)]
+    try:
+        configs = [experiment.configure(name, bool(args.quick), **experiment.arguments(args)) for experiment, name in jobs]
+    except ValueError as error:
+        print(f"fedroute reproduce {args.experiment}: {error}", file=sys.stderr)
         return 2
     if not _reachable_ray_address(args):
         return 2
-    return REPRODUCE_COMMANDS[args.experiment](args)
+    for (experiment, name), config in zip(jobs, configs):
+        label = experiment.output_name(name)
+        if not experiment.parallel and (getattr(args, "workers", 1) not in (None, 1) or args.ray_address):
+            print(f"{experiment.name} is one vectorised process: --workers and --ray-address are ignored",
+                  file=sys.stderr)
+        print(f"reproduce {label}: {experiment.title}", flush=True)
+        started, out = time.perf_counter(), Path(args.out) / label
+        try:
+            results, claims = run_experiment(experiment, config, out, args.workers or 1, args.ray_address, True)
+        except InputError as error:
+            print(f"fedroute reproduce {experiment.name}: {error}", file=sys.stderr)
+            return 1
+        with pd.option_context("display.width", 200, "display.max_columns", 40):
+            for table in experiment.show(results):
+                print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        for record in claims:
+            print(f"[{ {True: 'holds', False: 'FAILS', None: 'untestable'}[record['holds']]}] {record['claim']}")
+        print(f"{label}: {time.perf_counter() - started:.1f} s, peak memory {peak_memory_mb():.0f} MB; wrote {out}")
+    docs = getattr(args, "docs", None) or (None if getattr(args, "quick", False) else _repository_results_doc())
+    if args.experiment == "all" and docs is not None:
+        updated = update_results_doc(Path(args.out), Path(docs), {e.name: e.show for e in EXPERIMENTS.values()})
+        print(f"updated {len(updated)} marked tables of {docs}: {', '.join(updated)}")
+    return 0
+
+
+def _repository_results_doc() -> Optional[Path]:
+    path = Path(__file__).resolve().parents[1] / "docs" / "results.md"
+    return path if path.is_file() else None
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fedroute``."""
-    from fedroute.simulation import experiments  # noqa: F401  (registers the reproduce commands)
+    from fedroute.simulation.experiments import EXPERIMENTS, PAPER
 
     parser = argparse.ArgumentParser(prog="fedroute", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,20 +284,26 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--timeout", type=float, default=None, help="stop following after this many seconds")
     monitor.set_defaults(handler=_monitor)
 
-    reproduce = commands.add_parser("reproduce", help="a paper experiment: tables, figures, claims")
-    reproduce.add_argument("experiment", choices=sorted(REPRODUCE_COMMANDS) or ["none"])
+    reproduce = commands.add_parser("reproduce", help="a paper experiment: tables, figures, claims",
+                                    description="Run an experiment (docs/experiments.md) and write its tables, "
+                                    "figures, claims.json and config.json into OUT/<experiment>[-<config>]; `all` "
+                                    "runs every experiment and named configuration and rewrites the marked tables "
+                                    "of docs/results.md.")
+    reproduce.add_argument("experiment", choices=[*sorted(EXPERIMENTS), "all"])
     reproduce.add_argument("--out", default="results/reproduce", help="output directory")
     reproduce.add_argument("--quick", action="store_true", help="a small version (for tests)")
-    named = "; ".join(f"{experiment}: " + ", ".join(f"{name} ({text})" for name, text in configs.items())
-                      for experiment, configs in sorted(REPRODUCE_CONFIGS.items()))
-    reproduce.add_argument("--config", default=PAPER_CONFIG, metavar="NAME",
-                           help=f"a named configuration (default {PAPER_CONFIG}: the paper's; written to "
+    named = "; ".join(f"{name}: " + ", ".join(f"{key} ({variant.description})" for key, variant in e.variants.items())
+                      for name, e in sorted(EXPERIMENTS.items()) if e.variants)
+    reproduce.add_argument("--config", default=PAPER, metavar="NAME",
+                           help=f"a named configuration (default {PAPER}: the paper's; written to "
                                 f"OUT/<experiment>-<name>)" + (f"; {named}" if named else ""))
     reproduce.add_argument("--workers", type=int, default=1, help="parallel workers (results do not depend on it)")
     reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
     reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "
                            "(csv, csv.gz, parquet); default $FEDROUTE_HOUSING_FILE, else the real download, "
                            "else (offline) the copy shipped with fedroute")
+    reproduce.add_argument("--docs", default=None, metavar="FILE", help="all: the results document whose marked "
+                           "tables are rewritten (default: the repository's docs/results.md, not with --quick)")
     reproduce.set_defaults(handler=_reproduce)
     return parser
 

@@ -56,6 +56,26 @@ def test_app(repository: Path, tmp_path: Path):
     return make
 
 
+@pytest.fixture(scope="session")
+def reproduced(tmp_path_factory):
+    """``reproduced(name, *args)``: the output directory of ``fedroute reproduce NAME --quick *args``, run once per
+    session in this process (housing reads the table shipped with the package, offline)."""
+    from fedroute.simulation.cli import main
+    from fedroute.tasks.housing import EMBEDDED_TABLE
+
+    outputs: dict[tuple[str, ...], Path] = {}
+
+    def run(name: str, *args: str) -> Path:
+        if (name, *args) not in outputs:
+            out = tmp_path_factory.mktemp(name)
+            data = ["--data-file", str(EMBEDDED_TABLE)] if name == "housing" and "--data-file" not in args else []
+            assert main(["reproduce", name, "--quick", "--out", str(out), *data, *args]) == 0
+            (outputs[(name, *args)],) = out.iterdir()
+        return outputs[(name, *args)]
+
+    return run
+
+
 class SlowTestReporter:
     """Writes ``[still running 90 s] <test> (setup; suite 4 min 10 s)`` every ``interval`` seconds of one test.
 

@@ -7,40 +7,27 @@ claims (usually one) flips — often right at the claim's threshold — and the 
 checks every verdict, true and false (and ``None`` where a method is missing).
 
 The radius sweeps (GMM, housing) build their per-run table by hand and derive the
-summary and the collapse cells with the experiments' own public table functions
-(:func:`radius_summary`, :func:`collapse_cells`), as :func:`run_gmm` does.
+summary and the collapse cells with :func:`radius_results`, as their sweeps do.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation.experiments.characters import (
-    RECOVERY_COLUMNS,
-    CharactersExperimentConfig,
-    CharactersResults,
-    characters_claims,
-)
-from fedroute.simulation.experiments.common import (
-    RUNS_COLUMNS as RADIUS_RUNS_COLUMNS,
-    collapse_cells,
-    mark_greedy_collapse,
-    radius_summary,
-    round_zero_by_radius,
-)
+from fedroute.simulation.experiments.characters import RECOVERY_COLUMNS, CharactersExperimentConfig, characters_claims
 from fedroute.simulation.experiments.fig1 import fig1_claims
-from fedroute.simulation.experiments.gmm import GMMExperimentConfig, GMMResults, gmm_claims, summarise_init_draws
-from fedroute.simulation.experiments.housing import HousingExperimentConfig, HousingResults, housing_claims
-from fedroute.simulation.experiments.linear import (
-    SUMMARY_COLUMNS as LINEAR_SUMMARY_COLUMNS,
-    LinearExperimentConfig,
-    LinearResults,
-    linear_claims,
-)
+from fedroute.simulation.experiments.gmm import GMMExperimentConfig, gmm_claims, summarise_init_draws
+from fedroute.simulation.experiments.housing import HousingExperimentConfig, housing_claims
+from fedroute.simulation.experiments.kit import Results
+from fedroute.simulation.experiments.linear import SUMMARY_COLUMNS as LINEAR_SUMMARY_COLUMNS
+from fedroute.simulation.experiments.linear import LinearExperimentConfig, linear_claims
+from fedroute.simulation.experiments.radius import RUNS_COLUMNS as RADIUS_RUNS_COLUMNS
+from fedroute.simulation.experiments.radius import radius_results
 
 Tables = dict[str, Any]
 Case = tuple[Callable[[Tables], None], dict[str, Any]]
@@ -177,7 +164,7 @@ def _linear_tables() -> Tables:
           "recovery_blocks_histogram": {"1": 2}, "median_separation_block": 0.0, "median_separation_round": 4.0}
     representative = {"rho": 8.0, "seed": 2, "rule": "by hand", "weak_cluster": 1, "g_star": 0}
     return {"runs": runs, "summary": summary, "rounds": rounds, "blocks": blocks, "e3": e3,
-            "representative": representative, "cell_blocks": pd.DataFrame()}
+            "representative_run": representative, "cell_blocks": pd.DataFrame()}
 
 
 def _without_fedcam(tables: Tables) -> None:
@@ -235,7 +222,7 @@ def test_linear_claims(case: str) -> None:
     tables = _linear_tables()
     mutate, changed = LINEAR_CASES[case]
     mutate(tables)
-    claims = linear_claims(LinearResults(**tables), LINEAR_CONFIG)
+    claims = linear_claims(Results({}, **tables), LINEAR_CONFIG)
     _check(claims, LINEAR_LABELS, changed if "fedcam-not-run" in changed else {**changed, "fedcam-not-run": "absent"})
 
 
@@ -246,13 +233,12 @@ def _radius_runs(rows: list[dict[str, Any]]) -> pd.DataFrame:
                 "train_usable_models": 1, "assignment_accuracy": 0.5, "oracle_test_loss": 0.1,
                 "oracle_distance": 1.0, "final_gr_probability": 0.5}
     table = pd.DataFrame([{**defaults, **row} for row in rows])
-    return mark_greedy_collapse(table.reindex(columns=[c for c in RADIUS_RUNS_COLUMNS if c != "greedy_collapse"]))
+    return table.reindex(columns=[c for c in RADIUS_RUNS_COLUMNS if c != "greedy_collapse"])
 
 
-def _radius_results(runs: pd.DataFrame, num_groups: int, num_clusters: int, methods: tuple[str, ...]) -> dict:
-    return {"runs": runs, "summary": radius_summary(runs, num_groups, num_clusters),
-            "collapse_cells": collapse_cells(runs, methods),
-            "round_zero": round_zero_by_radius(runs, num_groups, num_clusters)}
+def _radius_results(rows: list[dict[str, Any]], config: Any) -> Tables:
+    results = radius_results(_radius_runs(rows), config)
+    return {**results.tables, **results.facts}
 
 
 GMM_CONFIG = GMMExperimentConfig(radii=(0.0, 12.0), seeds_per_radius=2, rounds=20)
@@ -288,9 +274,9 @@ def _gmm_tables(mutate_rows: Callable[[list[dict[str, Any]]], None] = lambda row
                 methods: tuple[str, ...] = GMM_CONFIG.methods) -> Tables:
     rows = [row for row in _gmm_rows() if row["method"] in methods]
     mutate_rows(rows)
-    tables = _radius_results(_radius_runs(rows), 3, 3, methods)
-    tables["convergence"] = {"max_excess": 0.004, "median_excess": 0.002, "min_cross_group_gap": 0.5,
-                             "rounds": GMM_CONFIG.rounds, "oracle_long_fit_seeds": []}
+    tables = _radius_results(rows, replace(GMM_CONFIG, methods=methods))
+    tables["convergence_check"] = {"max_excess": 0.004, "median_excess": 0.002, "min_cross_group_gap": 0.5,
+                                   "rounds": GMM_CONFIG.rounds, "oracle_long_fit_seeds": []}
     tables["init_draws"] = summarise_init_draws(
         GMM_CONFIG.entrance, {f"{r:g}": [1, 3][:GMM_CONFIG.seeds_per_radius] for r in GMM_CONFIG.radii})
     return tables
@@ -333,7 +319,7 @@ GMM_CASES: dict[str, Callable[[], tuple[Tables, dict[str, Any]]]] = {
     "EXP3 not run": lambda: (_gmm_tables(methods=("greedy", "fedcam")),
         {"exp3-restores": None, "exp3-routed-loss": None, "exp3-eval-loss": None, "far-harder": None}),
     "a model trained alone stays 0.01 nats above its oracle": lambda: (
-        {**_gmm_tables(), "convergence": {**_gmm_tables()["convergence"], "max_excess": 0.01}},
+        {**_gmm_tables(), "convergence_check": {**_gmm_tables()["convergence_check"], "max_excess": 0.01}},
         {"no-under-training": False}),
 }
 
@@ -341,7 +327,7 @@ GMM_CASES: dict[str, Callable[[], tuple[Tables, dict[str, Any]]]] = {
 @pytest.mark.parametrize("case", GMM_CASES)
 def test_gmm_claims(case: str) -> None:
     tables, changed = GMM_CASES[case]()
-    _check(gmm_claims(GMMResults(**tables), GMM_CONFIG), GMM_LABELS, changed)
+    _check(gmm_claims(Results({}, **tables), GMM_CONFIG), GMM_LABELS, changed)
 
 
 HOUSING_CONFIG = HousingExperimentConfig(radii=(0.0, 2.0), seeds_per_radius=2, rounds=20)
@@ -364,9 +350,9 @@ def _housing_tables(mutate_rows: Callable[[list[dict[str, Any]]], None] = lambda
              "collapsed": not (method == "exp3" or radius == 0.0), "routed_test_loss": 0.5, "eval_test_loss": 0.5}
             for method in methods for radius in (0.0, 2.0) for seed in (0, 1)]
     mutate_rows(rows)
-    tables = _radius_results(_radius_runs(rows), 2, 2, methods)
-    tables["convergence"] = {"max_excess_by_group": [0.03, 0.01], "median_excess_by_group": [0.02, 0.01],
-                             "max_excess_over_gap": 0.1, "rounds": HOUSING_CONFIG.rounds}
+    tables = _radius_results(rows, replace(HOUSING_CONFIG, methods=methods))
+    tables["convergence_check"] = {"max_excess_by_group": [0.03, 0.01], "median_excess_by_group": [0.02, 0.01],
+                                   "max_excess_over_gap": 0.1, "rounds": HOUSING_CONFIG.rounds}
     tables["data"] = {"source": "by hand", "data_file": None, "rows": 0}
     return tables
 
@@ -384,7 +370,7 @@ HOUSING_CASES: dict[str, Callable[[], tuple[Tables, dict[str, Any]]]] = {
     "one start uses both models": lambda: (_housing_tables(lambda rows: _update_rows(
         rows, {"radius": 2.0, "seed": 0}, round0_clusters_used=2)), {"collapsed-entrance": False}),
     "excess training loss as large as the group gap": lambda: (
-        {**_housing_tables(), "convergence": {**_housing_tables()["convergence"], "max_excess_over_gap": 1.0}},
+        {**_housing_tables(), "convergence_check": {**_housing_tables()["convergence_check"], "max_excess_over_gap": 1.0}},
         {"under-training": False}),
 }
 
@@ -392,7 +378,7 @@ HOUSING_CASES: dict[str, Callable[[], tuple[Tables, dict[str, Any]]]] = {
 @pytest.mark.parametrize("case", HOUSING_CASES)
 def test_housing_claims(case: str) -> None:
     tables, changed = HOUSING_CASES[case]()
-    _check(housing_claims(HousingResults(**tables), HOUSING_CONFIG), HOUSING_LABELS, changed)
+    _check(housing_claims(Results({}, **tables), HOUSING_CONFIG), HOUSING_LABELS, changed)
 
 
 # --------------------------------------------------------------------------- E4 (characters)
@@ -443,7 +429,7 @@ def _characters_tables() -> Tables:
         "accuracy_train": accuracy[t], "accuracy_test": accuracy[t],
     } for method, (routed, k, accuracy) in series.items() for t in range(T + 1)])
     return {"runs": runs, "recovery": recovery, "round_zero": round_zero, "rounds": rounds,
-            "representative": {"alpha": 0.7, "data_seed": 0, "selector_seed": 0}, "seconds": {}}
+            "representative_run": {"alpha": 0.7, "data_seed": 0, "selector_seed": 0}}
 
 
 CHARACTERS_CASES: dict[str, Case] = {
@@ -485,4 +471,4 @@ def test_characters_claims(case: str) -> None:
     tables = _characters_tables()
     mutate, changed = CHARACTERS_CASES[case]
     mutate(tables)
-    _check(characters_claims(CharactersResults(**tables), CHARACTERS_CONFIG), CHARACTERS_LABELS, changed)
+    _check(characters_claims(Results({}, **tables), CHARACTERS_CONFIG), CHARACTERS_LABELS, changed)

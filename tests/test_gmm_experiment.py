@@ -1,4 +1,5 @@
-"""Tests of E5 (paper Figure B.3): the GMM radius sweep and its outputs (``reproduce gmm --quick``)."""
+"""Tests of E5 (paper Figure B.3) on ``fedroute reproduce gmm --quick`` (what every experiment writes:
+tests/test_experiment_kit.py)."""
 
 import json
 
@@ -6,27 +7,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation.cli import REPRODUCE_COMMANDS, main
-from fedroute.simulation.experiments.gmm import (
-    METHOD_SPECS,
-    RUNS_COLUMNS,
-    SUMMARY_COLUMNS,
-    GMMExperimentConfig,
-    collapse_columns,
-    make_gmm_task,
-)
+from fedroute.simulation.experiments.gmm import GMMExperimentConfig, make_gmm_task
 from fedroute.tasks.gmm import GMMTask
 
 QUICK = GMMExperimentConfig.quick()
-FIGURES = ("figB3a", "figB3b", "figB3c")
 
 
 @pytest.fixture(scope="module")
-def quick_out(tmp_path_factory):
-    """``fedroute reproduce gmm --quick`` in this process (one worker)."""
-    out = tmp_path_factory.mktemp("gmm")
-    assert main(["reproduce", "gmm", "--quick", "--out", str(out)]) == 0
-    return out / "gmm"
+def quick_out(reproduced):
+    return reproduced("gmm")
 
 
 @pytest.fixture(scope="module")
@@ -34,49 +23,26 @@ def runs(quick_out) -> pd.DataFrame:
     return pd.read_parquet(quick_out / "runs.parquet")
 
 
-def test_registered_and_configs():
-    assert "gmm" in REPRODUCE_COMMANDS
+def test_paper_settings_use_the_tasks_own():
     full = GMMExperimentConfig()
     assert 12.0 in full.radii and full.far_radius == 12.0
-    assert (full.rounds, full.num_clusters, full.num_groups) == (GMMTask().rounds, 3, 3) == (200, 3, 3)
-    assert full.methods == ("greedy", "exp3", "fedcam") and set(full.methods) <= set(METHOD_SPECS)
-    assert full.seeds_per_radius == 20 and QUICK.seeds_per_radius == 3 and 12.0 in QUICK.radii
-    # The task's own settings are used unchanged.
-    task = make_gmm_task({"radius": 12.0, "seed": 0}, **full.task_settings())
-    default = GMMTask(init_radius=12.0, seed=0)
+    assert (full.rounds, full.num_clusters, full.NUM_GROUPS) == (GMMTask().rounds, 3, 3) == (200, 3, 3)
+    assert full.methods == ("greedy", "exp3", "fedcam") and full.seeds_per_radius == 20
+    assert QUICK.seeds_per_radius == 3 and 12.0 in QUICK.radii
+    task, default = full.task_factory()({"radius": 12.0, "seed": 0}), GMMTask(init_radius=12.0, seed=0)
     for key in ("learning_rate", "local_steps", "init_jitter", "noise_std", "centre_norm", "num_clients"):
         assert getattr(task, key) == getattr(default, key)
     np.testing.assert_array_equal(task.initial_models(3), default.initial_models(3))
-    assert METHOD_SPECS["exp3"](full).settings.controllers == ("gr", "rh")
-    assert {METHOD_SPECS[m](full).settings.num_clusters for m in full.methods} == {3}
+    specs = full.specs()
+    assert specs["exp3"].settings.controllers == ("gr", "rh") and {s.settings.num_clusters for s in specs.values()} == {3}
     cells = full.cells()
     assert len(cells) == 5 * 20 and {c["seed"] for c in cells} == set(range(20))  # paired seeds
-    for bad in (dict(radii=()), dict(radii=(0.0, 4.0)), dict(seeds_per_radius=0), dict(methods=("exp3",)),
-                dict(learning_rate=-1.0), dict(rounds=1)):
-        with pytest.raises(ValueError):
-            GMMExperimentConfig(**bad)
 
 
-def test_cli_writes_every_file_with_the_right_columns(quick_out):
-    tables = {"runs": RUNS_COLUMNS, "summary": SUMMARY_COLUMNS, "collapse_cells": collapse_columns(QUICK.methods)}
-    for stem, columns in tables.items():
-        for suffix, read in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
-            table = read(quick_out / f"{stem}{suffix}")
-            assert tuple(table.columns) == columns, (stem, suffix)
-    for stem in FIGURES:
-        for suffix in (".png", ".pdf"):
-            assert (quick_out / "figures" / f"{stem}{suffix}").stat().st_size > 1000
-    claims = json.loads((quick_out / "claims.json").read_text())
-    assert len(claims) >= 6
-    assert all(set(claim) == {"claim", "paper", "measured", "holds"} for claim in claims)
-    assert all(claim["holds"] in (True, False, None) for claim in claims)
-    assert any(claim["claim"].startswith("Greedy IFCA") for claim in claims)
-    assert any(claim["claim"].startswith("FedCAM") for claim in claims)
+def test_config_records_the_entrance_the_notes_and_the_convergence_check(quick_out):
     config = json.loads((quick_out / "config.json").read_text())
-    assert config["radii"] == list(QUICK.radii) and config["rounds"] == QUICK.rounds
-    assert set(config["round_zero"]) == {f"{r:g}" for r in QUICK.radii}
-    assert isinstance(config["notes"], str) and "round 0" in config["notes"]
-    assert config["convergence_check"]["rounds"] == QUICK.rounds
+    assert set(config["round_zero"]) == {f"{r:g}" for r in QUICK.radii} and "round 0" in config["notes"]
+    assert config["convergence_check"]["rounds"] == QUICK.rounds and config["entrance"] == "collapsed"
 
 
 def test_quick_run_claims_that_must_hold(quick_out):
@@ -135,15 +101,8 @@ def test_every_start_is_a_collapsed_entrance_and_the_draws_are_reported(runs, qu
     assert draws["entrance"] == "collapsed"
     assert [len(draws["by_R"][f"{r:g}"]) for r in QUICK.radii] == [QUICK.seeds_per_radius] * len(QUICK.radii)
     for cell in QUICK.cells():
-        task = make_gmm_task(cell, **QUICK.task_settings())
+        task = QUICK.task_factory()(cell)
         assert draws["by_R"][f"{cell['radius']:g}"][cell["seed"]] == task.initial_draw(3)[1]
     assert draws["total"] == sum(sum(v) for v in draws["by_R"].values()) > len(QUICK.cells())
-    first = make_gmm_task(QUICK.cells()[0], **{**QUICK.task_settings(), "entrance": "any"})
+    first = make_gmm_task(QUICK.cells()[0], entrance="any", rounds=QUICK.rounds)
     assert first.initial_draw(3)[1] == 1
-
-
-def test_named_configurations_of_reproduce(tmp_path, capsys):
-    assert main(["reproduce", "gmm", "--config", "long", "--out", str(tmp_path)]) == 2
-    assert "allowed: paper, any-entrance" in capsys.readouterr().err
-    assert main(["reproduce", "linear", "--config", "any-entrance", "--out", str(tmp_path)]) == 2
-    assert not any(tmp_path.iterdir())  # nothing ran

@@ -1,4 +1,5 @@
-"""Tests of E2 (paper Figure 2 a–d) and E3 (Figure B.1): the linear-regression sweep and its outputs."""
+"""Tests of E2 (paper Figure 2 a–d) and E3 (Figure B.1) on ``fedroute reproduce linear --quick`` (what every
+experiment writes: tests/test_experiment_kit.py)."""
 
 import json
 
@@ -6,32 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation.cli import REPRODUCE_COMMANDS, main
-from fedroute.simulation.experiments.linear import (
-    BLOCKS_COLUMNS,
-    CELL_BLOCKS_COLUMNS,
-    METHOD_SPECS,
-    ROUNDS_COLUMNS,
-    RUNS_COLUMNS,
-    SUMMARY_COLUMNS,
-    LinearExperimentConfig,
-    make_linear_task,
-)
+from fedroute.simulation.experiments.linear import LinearExperimentConfig, make_linear_task
 from fedroute.simulation.simulator import simulate_batch
 from fedroute.strategies.methods import method_settings
 
 QUICK = LinearExperimentConfig.quick()
-TABLES = {"runs": RUNS_COLUMNS, "summary": SUMMARY_COLUMNS, "rounds": ROUNDS_COLUMNS, "blocks": BLOCKS_COLUMNS,
-          "cell_blocks": CELL_BLOCKS_COLUMNS}
-FIGURES = ("fig2a", "fig2b", "fig2c", "fig2d", "figB1")
 
 
 @pytest.fixture(scope="module")
-def quick_out(tmp_path_factory):
-    """``fedroute reproduce linear --quick`` in this process (one worker)."""
-    out = tmp_path_factory.mktemp("linear-w1")
-    assert main(["reproduce", "linear", "--quick", "--out", str(out)]) == 0
-    return out / "linear"
+def quick_out(reproduced):
+    return reproduced("linear")
 
 
 @pytest.fixture(scope="module")
@@ -39,36 +24,17 @@ def runs(quick_out) -> pd.DataFrame:
     return pd.read_parquet(quick_out / "runs.parquet")
 
 
-def test_registered_and_quick_config():
-    assert "linear" in REPRODUCE_COMMANDS
+def test_quick_and_paper_settings():
     assert (QUICK.rhos, QUICK.seeds_per_rho, QUICK.rounds) == ((0.5, 4.0, 32.0), 6, 60)
     full = LinearExperimentConfig()
     assert (full.rounds, full.block_length, full.exp3_learning_rate, full.exp3_exploration) == (200, 10, 2.0, 0.001)
-    assert full.methods == ("greedy", "exp3", "fedcam") and set(full.methods) <= set(METHOD_SPECS)
+    assert full.methods == ("greedy", "exp3", "fedcam") and set(full.specs()) == set(full.methods)
     cells = full.cells()
     assert len(cells) == len(full.rhos) * full.seeds_per_rho == len({c["seed"] for c in cells})
-    for bad in (dict(rhos=()), dict(seeds_per_rho=0), dict(methods=("exp3",)), dict(methods=("greedy", "nope")),
-                dict(noise_std=-1.0), dict(final_window=0), dict(block_length=0)):
-        with pytest.raises(ValueError):
-            LinearExperimentConfig(**bad)
 
 
-def test_cli_writes_every_file_with_the_right_columns(quick_out):
-    for stem, columns in TABLES.items():
-        for suffix, read in ((".parquet", pd.read_parquet), (".csv", pd.read_csv)):
-            table = read(quick_out / f"{stem}{suffix}")
-            assert tuple(table.columns) == columns, (stem, suffix)
-            assert len(table) > 0, stem
-    for stem in FIGURES:
-        for suffix in (".png", ".pdf"):
-            assert (quick_out / "figures" / f"{stem}{suffix}").stat().st_size > 1000
-    claims = json.loads((quick_out / "claims.json").read_text())
-    assert all(set(claim) == {"claim", "paper", "measured", "holds"} for claim in claims)
-    assert all(claim["holds"] in (True, False, None) for claim in claims)
-    assert all(claim["holds"] is not None for claim in claims)  # every method of the claims ran
-    assert any(claim["claim"].startswith("FedCAM") for claim in claims)
+def test_representative_run_is_rerun_as_in_the_sweep(quick_out):
     config = json.loads((quick_out / "config.json").read_text())
-    assert config["rhos"] == list(QUICK.rhos) and config["rounds"] == QUICK.rounds
     assert {"rho", "seed", "rule", "weak_cluster", "g_star"} <= set(config["representative_run"])
     assert config["representative_run"]["rerun_matches_sweep"] == {"greedy": True, "exp3": True, "fedcam": True}
 
@@ -106,14 +72,6 @@ def test_runs_table_has_one_row_per_method_and_cell(runs):
     assert (runs.loc[runs["method"] == "greedy", "recovery_error"] >= 0.5).any()  # the quick run has failures
 
 
-def test_results_do_not_depend_on_workers(tmp_path, quick_out):
-    """Two local Ray workers (chunks of 4 cells, out of order) give the same tables as one process."""
-    assert main(["reproduce", "linear", "--quick", "--out", str(tmp_path), "--workers", "2"]) == 0
-    for stem in TABLES:
-        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "linear" / f"{stem}.parquet"),
-                                      pd.read_parquet(quick_out / f"{stem}.parquet"), check_exact=True)
-
-
 def test_theorem_2_on_finite_data(runs):
     """Theorem 2 (basin ⇒ persistent collapse) is about population losses and does NOT hold
     exactly here: clients route on empirical losses of 40 samples in d = 5, whose sample
@@ -133,8 +91,8 @@ def test_theorem_2_on_finite_data(runs):
     assert (persistent["clusters_updated"] == 1).all() and persistent["final_weak_mass"].eq(0).all()
 
     cells = persistent[["rho", "seed"]].to_dict("records")
-    tasks = [make_linear_task(cell, **QUICK.task_settings()) for cell in cells]
-    history = simulate_batch(tasks, method_settings("greedy", "linear"), QUICK.rounds, [c["seed"] for c in cells])
+    tasks = [make_linear_task(cell, **QUICK.task) for cell in cells]
+    history = simulate_batch(tasks, method_settings("greedy", preset="linear"), QUICK.rounds, [c["seed"] for c in cells])
     for run, (task, row) in enumerate(zip(tasks, persistent.itertuples())):
         active, starved = row.preferred_cluster, 1 - row.preferred_cluster
         models = history.cluster_models[:, run]
@@ -146,7 +104,7 @@ def test_theorem_2_on_finite_data(runs):
         # One model serves both groups: R_T ≥ min_g ‖pooled − θ_g‖ ≈ Δ/2.
         theta = task.group_parameters
         assert row.recovery_error >= np.linalg.norm(theta - pooled, axis=1).min() - 1e-9
-        assert row.recovery_error > QUICK.group_distance / 2 - 0.25
+        assert row.recovery_error > QUICK.linear_task.group_distance / 2 - 0.25
 
 
 def test_representative_run_and_round_series(quick_out, runs):

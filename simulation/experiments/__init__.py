@@ -1,8 +1,6 @@
-"""Paper experiments; importing this package registers their ``fedroute reproduce`` commands."""
+"""Paper experiments, declared with the kit (:mod:`.kit`); importing this package registers them."""
 
-from fedroute.simulation.experiments import fig1  # noqa: F401  (E1, registers ``reproduce fig1``)
-from fedroute.simulation.experiments import linear  # noqa: F401  (E2/E3, registers ``reproduce linear``)
-from fedroute.simulation.experiments import gmm  # noqa: F401  (E5, registers ``reproduce gmm``)
-from fedroute.simulation.experiments import housing  # noqa: F401  (E6, registers ``reproduce housing``)
-from fedroute.simulation.experiments import characters  # noqa: F401  (E4, registers ``reproduce characters``)
-from fedroute.simulation.experiments import scenarios  # noqa: F401  (issue 10, registers ``reproduce scenarios``)
+from fedroute.simulation.experiments.kit import EXPERIMENTS, PAPER
+from fedroute.simulation.experiments import fig1, linear, gmm, housing, characters, scenarios  # noqa: F401,E402  (register)
+
+__all__ = ["EXPERIMENTS", "PAPER"]

@@ -1,70 +1,28 @@
 """Scenarios beyond the paper: does routing with default settings recover on models the paper never ran?
 
-``fedroute reproduce scenarios`` (issue 10).  Every *scenario* is a task, a number
-of clusters ``K``, a horizon ``T`` and the starts it is run from; every *cell* is
-``{"scenario", "start", "seed"}``; every method runs every cell from the same
-``W^0`` in the batched simulator.
+``fedroute reproduce scenarios`` (issue 10), declared with the experiment kit.  Every *scenario*
+(:data:`SCENARIOS`) is a task, a number of clusters ``K``, a horizon ``T`` and the starts it is run from
+(:func:`initial_models`: ``warm`` FedAvg copies, ``noisy`` copies, ``random`` models, the task's
+``collapsed`` start where it has one); every *cell* is ``{"scenario", "start", "seed"}``; Greedy IFCA and
+every other method (its generic default) run every cell from the same ``W^0`` in the batched simulator.
+A run is *separated* when the plurality of each group's controller-free held-out choices at ``W^T`` is a
+different model for every group, *converged* when moreover each group's held-out loss on its model is
+within ``CONVERGED_TOLERANCE`` of its *reference* (a model trained on that group alone for ``T`` rounds
+from ``w_0^0``), and does *no harm* where Greedy converged and its routed loss is within
+``NO_HARM_TOLERANCE`` of Greedy's.  Tables, figures and claims (the issue's done criteria):
+docs/experiments.md.
 
-Scenarios (:data:`SCENARIOS`)
------------------------------
-``digits``      digits MLP (64-32-10), 4 groups seeing the images rotated by 0/90/180/270°,
-                24 clients, ``K = 4`` (:class:`~fedroute.tasks.digit_rotations.DigitRotationsTask`);
-``boundaries``  2-16-2 MLP on 2-D points, 3 groups whose decision boundaries are rotated by
-                0/120/240°, 15 clients, ``K = 3`` (:class:`~fedroute.tasks.boundaries.BoundariesTask`,
-                the plugin case of the issue);
-``collinear``   linear regression with 3 collinear groups, 30 clients, ``K = 3``
-                (:class:`~fedroute.tasks.collinear.CollinearTask`);
-``gmm``         the paper's GMM task (E5), 30 clients, ``K = 3``;
-``gmm-k4``      the same with ``K = G + 1 = 4`` (over-provisioned).
-
-Starts (:func:`initial_models`)
--------------------------------
-``warm``       ``K`` identical copies of one model trained on everyone: FedAvg (the routing
-               loop with ``K = 1``) for ``warm_rounds`` rounds from the task's first random model;
-``noisy``      ``warm`` plus independent Gaussian noise per copy, std ``0.01 · max(1, RMS(w))``
-               per coordinate (``generator(seed, k, 0, Purpose.INIT)`` streams ``1000 + k``);
-``random``     ``K`` independent random models (the tasks' default initialisations; GMM:
-               standard normal parameters);
-``collapsed``  the paper's collapsed start where the task has one (collinear: ``w_0 = θ̄``, the
-               others at distance 3 orthogonal to the groups' line; GMM: E5's collapsed entrance,
-               ``ū(12) + 0.1 e_k`` conditioned on a model unused at round 0, ``GMMTask.initial_models``).
-
-Per run (``runs.*``)
---------------------
-* ``separated``: the plurality of each group's controller-free held-out choices at ``W^T``
-  (``argmin_k`` held-out loss per client) is a different model for every group;
-* ``converged``: separated, and on its plurality model each group's mean held-out loss is
-  within ``CONVERGED_TOLERANCE`` (10 %) of the *reference*: a model trained on that group
-  alone for the same ``T`` rounds from the run's first initial model ``w_0^0`` (every client
-  of the group routed to it, the hard update — the routing loop with routes fixed to the
-  groups), ``worst_ratio`` = the largest of the groups' loss ratios;
-* ``routed_test_loss``: the last executed routes ``r^{T−1}`` scored on held-out data with
-  the models ``W^{T−1}`` they were executed on (as E2/E5);
-* ``no_harm`` (non-Greedy methods, where the cell's Greedy run converged): the method's
-  ``routed_test_loss`` ≤ ``(1 + NO_HARM_TOLERANCE)`` × Greedy's (2 %).
-
-``summary.*`` aggregates per (scenario, start, method) and ``methods.*`` per method over all
-cells, with the issue's two rates: sep∧conv among the runs whose Greedy run did not converge,
-and no-harm among those whose Greedy run did.  ``references.*`` holds the per-group reference
-losses at ``T`` and ``T/2`` (the horizon check: the alone models must have converged well
-within ``T``).  Figures: ``figures/scenarios.{png,pdf}`` (sep∧conv rate per scenario, start
-and method) and ``figures/methods.{png,pdf}``.  ``claims.json``: the issue's done criteria.
-
-Seeds: the suite runs on the *evaluation* seeds ``0 … seeds−1``; the generic default was
-chosen on the *development* seeds ``DEV_FIRST_SEED …`` (``--config study`` re-runs that study:
-the variants of :data:`STUDY_VARIANTS` on the development seeds).  The defaults were never
-tuned on the evaluation seeds.
+Seeds: the suite runs on the *evaluation* seeds ``0 … seeds−1``; the generic default was chosen on the
+*development* seeds ``DEV_FIRST_SEED …`` (``--config study`` re-runs that study: the variants of
+:data:`STUDY_VARIANTS`).  The defaults were never tuned on the evaluation seeds.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache, partial
-from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -73,15 +31,14 @@ from numpy.typing import NDArray
 from fedroute.client.fedcam import task_uses_output_sum
 from fedroute.client.randomness import Purpose, generator
 from fedroute.client.settings import RoutingSettings
-from fedroute.simulation.cli import REPRODUCE_COMMANDS, REPRODUCE_CONFIGS, named_config
-from fedroute.simulation.experiments.common import number, print_claims, write_radius_outputs
-from fedroute.simulation.experiments.linear import _COLOURS
-from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
+from fedroute.simulation.experiments.kit import (
+    Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, claim, greedy_of_cell, number, register,
+    simulate_fedcam, train_groups_alone)
+from fedroute.simulation.fedcam import FedCAMTask
 from fedroute.simulation.metrics import assignment_accuracy, routed_loss, usable_models
-from fedroute.simulation.plotting import pyplot, save_figure
-from fedroute.simulation.simulator import BatchHistory, concatenate_clients, simulate_batch
-from fedroute.simulation.sweep import SweepSpec, run_sweep
-from fedroute.strategies.aggregation import hard_update
+from fedroute.simulation.plotting import Panel
+from fedroute.simulation.simulator import BatchHistory, simulate_batch
+from fedroute.simulation.sweep import SweepSpec
 from fedroute.strategies.methods import METHODS, method_settings
 from fedroute.tasks.base import Task
 from fedroute.tasks.boundaries import BoundariesTask
@@ -89,21 +46,18 @@ from fedroute.tasks.collinear import CollinearTask
 from fedroute.tasks.digit_rotations import DigitRotationsTask
 from fedroute.tasks.gmm import GMMTask
 
-__all__ = [
-    "Scenario",
-    "SCENARIOS",
-    "STARTS",
-    "STUDY_VARIANTS",
-    "ScenarioConfig",
-    "ScenarioResults",
-    "StartedTask",
-    "initial_models",
-    "reference_losses",
-    "run_scenarios",
-    "scenario_claims",
-    "write_scenarios",
-    "run_scenarios_command",
-]
+__all__ = ["Scenario", "SCENARIOS", "STARTS", "STUDY_VARIANTS", "ScenarioConfig", "StartedTask", "initial_models",
+           "reference_losses", "reduce_scenario", "scenario_claims", "RUNS_COLUMNS", "RATES_COLUMNS",
+           "REFERENCES_COLUMNS", "EXPERIMENT"]
+
+RUNS_COLUMNS = ("method", "scenario", "start", "seed", "separated", "group_models", "group_losses", "routed_test_loss",
+                "eval_test_loss", "usable_models", "assignment_accuracy", "worst_ratio", "converged",
+                "greedy_converged", "no_harm")
+RATES_COLUMNS = ("runs", "separated", "converged", "greedy_failures", "recovered_of_greedy_failures", "recovery_rate",
+                 "greedy_successes", "no_harm_of_greedy_successes", "no_harm_rate", "mean_routed_test_loss",
+                 "median_worst_ratio")
+"""Columns of ``summary.*`` after ``scenario, start, method`` and of ``methods.*`` after ``method``."""
+REFERENCES_COLUMNS = ("scenario", "start", "seed", "reference_losses", "half_horizon_losses", "half_horizon_ratio")
 
 CONVERGED_TOLERANCE = 0.10
 """A separated group's held-out loss may exceed its alone reference by this share."""
@@ -300,21 +254,13 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
         ``t → (R, G)`` group-mean held-out losses of the alone models after ``t`` rounds,
         for every ``t`` in ``rounds``.
     """
-    num_runs, num_clients = len(tasks), tasks[0].num_clients
-    clients = concatenate_clients([task.clients(np.arange(num_clients)) for task in tasks])
-    run_of_client = np.repeat(np.arange(num_runs), num_clients)
-    groups = clients.groups
-    models = np.stack([np.repeat(np.asarray(task.start_models[:1]), num_groups, axis=0) for task in tasks])
-    rows = np.arange(len(groups))
-    wanted, result = set(int(t) for t in rounds), {}
-    for t in range(max(wanted) + 1):
-        if t in wanted:
-            losses = clients.losses(models[run_of_client], "test")[rows, groups]
-            result[t] = np.stack([[losses[(run_of_client == r) & (groups == g)].mean() for g in range(num_groups)]
-                                  for r in range(num_runs)])
-        if t < max(wanted):
-            trained = clients.local_update(models[run_of_client, groups], rows, t)
-            models = hard_update(models, trained, groups, clients.num_examples, run_of_client)
+    losses = RunLosses(tasks)
+    groups = losses.clients.groups.reshape(len(tasks), -1)                # (R, n)
+    start = np.stack([np.repeat(np.asarray(task.start_models[:1]), num_groups, axis=0) for task in tasks])
+    result = {}
+    for t, models in train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds]).items():
+        own = np.take_along_axis(losses(models, "test"), groups[..., None], axis=2)[..., 0]   # (R, n)
+        result[t] = np.stack([[own[r, groups[r] == g].mean() for g in range(num_groups)] for r in range(len(tasks))])
     return result
 
 
@@ -325,13 +271,10 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
                     num_groups: int) -> pd.DataFrame:
     """One row per cell: separation, the groups' held-out losses on their models, routed loss."""
     models = history.cluster_models                              # (≥2, R, K, P): W^{T-1}, W^T last
-    num_rounds, num_runs, num_clients = history.routes.shape
     num_clusters = models.shape[2]
-    clients = concatenate_clients([task.clients(np.arange(num_clients)) for task in tasks])
-    run_of_client = np.repeat(np.arange(num_runs), num_clients)
-    final = clients.losses(models[-1][run_of_client], "test").reshape(num_runs, num_clients, num_clusters)
-    before = clients.losses(models[-2][run_of_client], "test").reshape(num_runs, num_clients, num_clusters)
-    routed = np.asarray(routed_loss(before, history.routes[-1].astype(np.int64))).reshape(num_runs)
+    losses = RunLosses(tasks)
+    final, before = losses(models[-1], "test"), losses(models[-2], "test")
+    routed = np.asarray(routed_loss(before, history.routes[-1].astype(np.int64))).reshape(len(cells))
     rows = []
     for r, cell in enumerate(cells):
         groups = history.groups[r]
@@ -352,24 +295,12 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
     return pd.DataFrame(rows)
 
 
-def _simulate_last_models(tasks, settings, num_rounds, seeds, **progress):
-    """The batched simulator recording only ``W^{T−1}`` and ``W^T`` (what the reduce needs)."""
-    return simulate_batch(tasks, settings, num_rounds, seeds, model_rounds=[num_rounds - 1, num_rounds], **progress)
-
-
 def make_fedcam_cell_task(cell: dict[str, Any]) -> Any:
     """FedCAM's view of a cell: where the task runs FedCAM's output-sum form (the MLP tasks) its models are
     the pairs ``[Θ_glob | Θ_k]`` and its clients score them (:class:`~fedroute.simulation.fedcam.FedCAMTask`);
     elsewhere (additive form) the cell's task itself."""
     task = make_cell_task(cell)
     return FedCAMTask(task) if task_uses_output_sum(task) else task
-
-
-def _simulate_fedcam(tasks, settings, num_rounds, seeds, **progress):
-    """FedCAM on the cells' tasks, recording ``W^{T−1}`` and ``W^T`` (pairs in the output-sum form)."""
-    tasks = [task.task if isinstance(task, FedCAMTask) else task for task in tasks]
-    return simulate_fedcam_batch(tasks, settings, num_rounds, seeds, model_rounds=[num_rounds - 1, num_rounds],
-                                 **progress)
 
 
 # --------------------------------------------------------------------------- #
@@ -391,7 +322,7 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class ScenarioConfig:
+class ScenarioConfig(ExperimentConfig):
     """Settings of the scenario suite.
 
     Parameters
@@ -408,60 +339,37 @@ class ScenarioConfig:
         generic default) or a key of ``variants``.  Must include ``greedy``.
     variants : dict
         Extra run names → ``method_settings("exp3", **overrides)`` (the study).
-    quick : bool
-        ``T = quick_rounds`` and the first start of every scenario only.
+    short : bool
+        ``T = quick_rounds`` and the first start of every scenario only (``--quick``).
     chunk_size : int
         Runs simulated together (results do not depend on it).
     """
+
+    LABEL = "scenarios"
+    QUICK = dict(seeds=2, short=True, name="scenarios-quick")
+    RULES = dict(scenarios=tuple(SCENARIOS), seeds="≥ 1", first_seed="≥ 0", methods="distinct", chunk_size="≥ 1")
 
     scenarios: tuple[str, ...] = tuple(SCENARIOS)
     seeds: int = 10
     first_seed: int = 0
     methods: tuple[str, ...] = METHODS
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    quick: bool = False
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    short: bool = False
     chunk_size: int = 20
     name: str = "scenarios"
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "scenarios", tuple(self.scenarios))
-        object.__setattr__(self, "methods", tuple(self.methods))
-        checks = [
-            (len(self.scenarios) >= 1 and all(s in SCENARIOS for s in self.scenarios)
-             and len(set(self.scenarios)) == len(self.scenarios), "scenarios", self.scenarios,
-             f"distinct names from {sorted(SCENARIOS)}"),
-            (isinstance(self.seeds, int) and self.seeds >= 1, "seeds", self.seeds, "an integer ≥ 1"),
-            (isinstance(self.first_seed, int) and self.first_seed >= 0, "first_seed", self.first_seed,
-             "an integer ≥ 0"),
-            ("greedy" in self.methods and len(set(self.methods)) == len(self.methods)
-             and all(m in METHODS or m in self.variants for m in self.methods), "methods", self.methods,
-             f"distinct names from {METHODS} or the variants, including 'greedy'"),
-            (isinstance(self.chunk_size, int) and self.chunk_size >= 1, "chunk_size", self.chunk_size,
-             "an integer ≥ 1"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"scenarios setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+    def validate(self) -> None:
+        self.check([("greedy" in self.methods and all(m in METHODS or m in self.variants for m in self.methods),
+                     "methods", self.methods, f"distinct names from {METHODS} or the variants, including 'greedy'")])
         for scenario in self.scenarios:
             for method in self.methods:
                 self.settings(method, SCENARIOS[scenario])  # validates every variant early
 
-    @classmethod
-    def quick_config(cls, **overrides: Any) -> "ScenarioConfig":
-        """``--quick``: 2 seeds, short horizons, one start per scenario."""
-        return cls(**{"seeds": 2, "quick": True, "name": "scenarios-quick", **overrides})
-
-    @classmethod
-    def study(cls, **overrides: Any) -> "ScenarioConfig":
-        """``--config study``: the EXP3 variants of :data:`STUDY_VARIANTS` and Greedy on the development seeds."""
-        return cls(**{"first_seed": DEV_FIRST_SEED, "methods": ("greedy", *STUDY_VARIANTS),
-                      "variants": dict(STUDY_VARIANTS), "name": "scenarios-study", **overrides})
-
     def rounds(self, scenario: Scenario) -> int:
-        return scenario.quick_rounds if self.quick else scenario.rounds
+        return scenario.quick_rounds if self.short else scenario.rounds
 
     def starts(self, scenario: Scenario) -> tuple[str, ...]:
-        return scenario.starts[:1] if self.quick else scenario.starts
+        return scenario.starts[:1] if self.short else scenario.starts
 
     def cells(self, scenario: Scenario) -> list[dict[str, Any]]:
         """``{"scenario", "start", "seed"}`` of one scenario, start-major."""
@@ -475,35 +383,32 @@ class ScenarioConfig:
         return method_settings(method, num_clusters=scenario.num_clusters)
 
     def spec(self, method: str, scenario: Scenario) -> SweepSpec:
-        """The sweep spec of a run name on a scenario."""
+        """The sweep spec of a run name on a scenario (the simulator records ``W^{T−1}`` and ``W^T``: what the
+        reduce needs)."""
+        rounds = self.rounds(scenario)
         return SweepSpec(
-            method=method, settings=self.settings(method, scenario), num_rounds=self.rounds(scenario),
+            method=method, settings=self.settings(method, scenario), num_rounds=rounds,
             make_task=make_fedcam_cell_task if method == "fedcam" else make_cell_task,
             reduce=partial(reduce_scenario, num_groups=scenario.num_groups),
-            simulate=_simulate_fedcam if method == "fedcam" else _simulate_last_models,
+            simulate=partial(simulate_fedcam if method == "fedcam" else simulate_batch,
+                             model_rounds=[rounds - 1, rounds]),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        values = asdict(self)
-        values["scenario_definitions"] = {name: asdict(SCENARIOS[name]) for name in self.scenarios}
-        values["routing"] = {method: self.settings(method, SCENARIOS[self.scenarios[0]]).to_dict()
-                             for method in self.methods}
-        return values
+    def derived(self) -> dict[str, Any]:
+        return {"scenario_definitions": {name: asdict(SCENARIOS[name]) for name in self.scenarios},
+                "routing": {method: self.settings(method, SCENARIOS[self.scenarios[0]]).to_dict()
+                            for method in self.methods}}
+
+
+def study(config: ScenarioConfig) -> ScenarioConfig:
+    """``--config study``: the EXP3 variants of :data:`STUDY_VARIANTS` and Greedy on the development seeds."""
+    return replace(config, first_seed=DEV_FIRST_SEED, methods=("greedy", *STUDY_VARIANTS),
+                   variants=dict(STUDY_VARIANTS), name="scenarios-study")
 
 
 # --------------------------------------------------------------------------- #
 # Running
 # --------------------------------------------------------------------------- #
-@dataclass(frozen=True)
-class ScenarioResults:
-    """Everything :func:`run_scenarios` computed."""
-
-    runs: pd.DataFrame
-    summary: pd.DataFrame
-    methods: pd.DataFrame
-    references: pd.DataFrame
-
-
 def _references(config: ScenarioConfig, scenario: Scenario) -> pd.DataFrame:
     """The alone reference of every cell of a scenario at ``T`` and ``T/2``."""
     cells = config.cells(scenario)
@@ -528,10 +433,8 @@ def _judge(runs: pd.DataFrame, references: pd.DataFrame) -> pd.DataFrame:
               for own, ref in zip(runs["group_losses"], runs["reference_losses"])]
     runs["worst_ratio"] = ratios
     runs["converged"] = runs["separated"] & (runs["worst_ratio"] <= 1.0 + CONVERGED_TOLERANCE)
-    greedy = runs[runs["method"] == "greedy"].set_index(keys)
-    index = pd.MultiIndex.from_frame(runs[keys])
-    runs["greedy_converged"] = greedy["converged"].reindex(index).to_numpy(dtype=bool)
-    greedy_loss = greedy["routed_test_loss"].reindex(index).to_numpy(dtype=float)
+    runs["greedy_converged"] = greedy_of_cell(runs, keys, "converged").astype(bool)
+    greedy_loss = greedy_of_cell(runs, keys, "routed_test_loss").astype(float)
     harmless = runs["routed_test_loss"].to_numpy() <= (1.0 + NO_HARM_TOLERANCE) * greedy_loss
     runs["no_harm"] = np.where(runs["greedy_converged"] & (runs["method"] != "greedy"), harmless, np.nan)
     return runs.drop(columns="reference_losses")
@@ -556,32 +459,35 @@ def _rates(part: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def run_scenarios(config: Optional[ScenarioConfig] = None, workers: int = 1, ray_address: Optional[str] = None,
-                  progress: bool = False) -> ScenarioResults:
-    """Run the suite (a pure function of ``config``; ``workers``/``ray_address`` do not change results)."""
-    config = ScenarioConfig() if config is None else config
+SHOWN = ["runs", "separated", "converged", "greedy_failures", "recovered_of_greedy_failures", "greedy_successes",
+         "no_harm_of_greedy_successes"]
+"""The columns of the printed tables."""
+
+
+def _run(config: ScenarioConfig, sweep: Sweep) -> Results:
+    """Every scenario's references and sweep, judged (a pure function of ``config``)."""
     tables, references = [], []
     for name in config.scenarios:
         scenario = SCENARIOS[name]
-        if progress:
+        if sweep.progress:
             print(f"scenario {name}: {scenario.description}; T = {config.rounds(scenario)}, "
                   f"starts {list(config.starts(scenario))}, {config.seeds} seeds", flush=True)
         references.append(_references(config, scenario))
-        specs = [config.spec(method, scenario) for method in config.methods]
-        tables.append(run_sweep(specs, config.cells(scenario), chunk_size=config.chunk_size, workers=workers,
-                                ray_address=ray_address, progress=progress))
+        tables.append(sweep([config.spec(method, scenario) for method in config.methods], config.cells(scenario),
+                            config.chunk_size))
     reference_table = pd.concat(references, ignore_index=True)
-    runs = _judge(pd.concat(tables, ignore_index=True), reference_table)
+    runs = _judge(pd.concat(tables, ignore_index=True), reference_table)[list(RUNS_COLUMNS)]
     summary = pd.DataFrame([{"scenario": s, "start": st, "method": m, **_rates(part)}
                             for (s, st, m), part in runs.groupby(["scenario", "start", "method"], sort=False)])
     methods = pd.DataFrame([{"method": m, **_rates(part)} for m, part in runs.groupby("method", sort=False)])
-    return ScenarioResults(runs=runs, summary=summary, methods=methods, references=reference_table)
+    return Results({"runs": runs, "summary": summary, "methods": methods,
+                    "references": reference_table[list(REFERENCES_COLUMNS)]})
 
 
 # --------------------------------------------------------------------------- #
-# Claims, figures, files
+# Claims, figures, tables shown
 # --------------------------------------------------------------------------- #
-def scenario_claims(results: ScenarioResults, config: ScenarioConfig) -> list[dict[str, Any]]:
+def scenario_claims(results: Results, config: ScenarioConfig) -> list[dict[str, Any]]:
     """The issue's done criteria, each ``{claim, paper, measured, holds}``."""
     claims = []
     by_method = results.methods.set_index("method")
@@ -593,112 +499,57 @@ def scenario_claims(results: ScenarioResults, config: ScenarioConfig) -> list[di
                               "greedy_successes": int(part["greedy_successes"].sum()),
                               "no_harm": int(part["no_harm_of_greedy_successes"].sum())}
                      for (s, m), part in per_scenario if m == method}
-        claims.append({
-            "claim": f"{method} separates and converges in ≥ {TARGET_RECOVERY:.0%} of the runs (cell × seed) "
-                     f"where Greedy does not",
-            "paper": "issue 10, done when: default EXP3 separates and converges in ≥ 90 % of the runs where "
-                     "Greedy does not",
-            "measured": {"greedy_failures": int(row["greedy_failures"]),
-                         "recovered": int(row["recovered_of_greedy_failures"]),
-                         "rate": number(row["recovery_rate"]), "by_scenario": scenarios},
-            "holds": None if row["greedy_failures"] == 0 else bool(row["recovery_rate"] >= TARGET_RECOVERY),
-        })
-        claims.append({
-            "claim": f"{method} does no harm (final routed loss ≤ {1 + NO_HARM_TOLERANCE:g} × Greedy's) in "
-                     f"≥ {TARGET_NO_HARM:.0%} of the runs where Greedy converges",
-            "paper": "issue 10, done when: no harm in ≥ 95 % of the runs where Greedy converges",
-            "measured": {"greedy_successes": int(row["greedy_successes"]),
-                         "no_harm": int(row["no_harm_of_greedy_successes"]),
-                         "rate": number(row["no_harm_rate"])},
-            "holds": None if row["greedy_successes"] == 0 else bool(row["no_harm_rate"] >= TARGET_NO_HARM),
-        })
+        claims.append(claim(
+            f"{method} separates and converges in ≥ {TARGET_RECOVERY:.0%} of the runs (cell × seed) where Greedy "
+            f"does not",
+            "issue 10, done when: default EXP3 separates and converges in ≥ 90 % of the runs where Greedy does not",
+            {"greedy_failures": int(row["greedy_failures"]), "recovered": int(row["recovered_of_greedy_failures"]),
+             "rate": number(row["recovery_rate"]), "by_scenario": scenarios},
+            None if row["greedy_failures"] == 0 else row["recovery_rate"] >= TARGET_RECOVERY))
+        claims.append(claim(
+            f"{method} does no harm (final routed loss ≤ {1 + NO_HARM_TOLERANCE:g} × Greedy's) in "
+            f"≥ {TARGET_NO_HARM:.0%} of the runs where Greedy converges",
+            "issue 10, done when: no harm in ≥ 95 % of the runs where Greedy converges",
+            {"greedy_successes": int(row["greedy_successes"]), "no_harm": int(row["no_harm_of_greedy_successes"]),
+             "rate": number(row["no_harm_rate"])},
+            None if row["greedy_successes"] == 0 else row["no_harm_rate"] >= TARGET_NO_HARM))
     worst = results.references.groupby("scenario")["half_horizon_ratio"].max()
-    claims.append({
-        "claim": f"T leaves no under-training confound: every alone reference at T/2 is within "
-                 f"{HORIZON_TOLERANCE:.0%} of its loss at T (every scenario, start, seed and group)",
-        "paper": "issue 10: choose T so that the alone model converges well within T",
-        "measured": {"worst_half_horizon_ratio_by_scenario": {k: number(v) for k, v in worst.items()}},
-        "holds": bool((worst <= 1.0 + HORIZON_TOLERANCE).all()) if not config.quick else None,
-    })
+    claims.append(claim(
+        f"T leaves no under-training confound: every alone reference at T/2 is within {HORIZON_TOLERANCE:.0%} of its "
+        f"loss at T (every scenario, start, seed and group)",
+        "issue 10: choose T so that the alone model converges well within T",
+        {"worst_half_horizon_ratio_by_scenario": {k: number(v) for k, v in worst.items()}},
+        None if config.short else (worst <= 1.0 + HORIZON_TOLERANCE).all()))
     return claims
 
 
-def _plot(results: ScenarioResults, config: ScenarioConfig, figures: Path) -> None:
-    plt = pyplot()
-    runs = results.runs.assign(recovered=results.runs["separated"] & results.runs["converged"])
-    rates = runs.groupby(["scenario", "start", "method"], sort=False)["recovered"].mean()
-    cells = runs[["scenario", "start"]].drop_duplicates().itertuples(index=False)
-    cells = [(scenario, start) for scenario, start in cells]
-    width = 0.8 / len(config.methods)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(cells)), 3.8))
-    for j, method in enumerate(config.methods):
-        values = [float(rates.get((scenario, start, method), np.nan)) for scenario, start in cells]
-        ax.bar(np.arange(len(cells)) + (j - (len(config.methods) - 1) / 2) * width, values, width,
-               label=method, color=_COLOURS.get(method))
-    ax.set_xticks(np.arange(len(cells)), [f"{scenario}\n{start}" for scenario, start in cells], fontsize=7)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("separated and converged")
-    ax.set_title(f"scenarios: {config.seeds} seeds per cell", fontsize=9)
-    ax.legend(fontsize=7, ncol=len(config.methods))
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, figures, "scenarios")
+def _cell_rates(results: Results) -> pd.DataFrame:
+    """Separated-and-converged rate per (scenario, start) cell and method (the bars of ``scenarios.*``)."""
+    runs = results.runs.assign(recovered=results.runs["separated"] & results.runs["converged"],
+                               cell=results.runs["scenario"] + "\n" + results.runs["start"])
+    return runs.groupby(["method", "cell"], sort=False)["recovered"].mean().reset_index()
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    methods = results.methods.set_index("method").loc[list(config.methods)]
-    x = np.arange(len(methods))
-    ax.bar(x - 0.2, methods["recovery_rate"].fillna(0), 0.4, label="sep ∧ conv where Greedy fails")
-    ax.bar(x + 0.2, methods["no_harm_rate"].fillna(0), 0.4, label="no harm where Greedy converges")
+
+def _method_rates(results: Results) -> pd.DataFrame:
+    """The two rates of the issue per method (the bars of ``methods.*``)."""
+    names = {"recovery_rate": "sep ∧ conv where Greedy fails", "no_harm_rate": "no harm where Greedy converges"}
+    rates = results.methods.melt("method", list(names), var_name="rate").fillna({"value": 0.0})
+    return rates.assign(rate=rates["rate"].map(names))
+
+
+def _target(ax: Any, results: Results, config: ScenarioConfig) -> None:
     ax.axhline(TARGET_RECOVERY, color="0.4", linestyle="--", linewidth=0.8)
-    ax.set_xticks(x, list(methods.index), fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, figures, "methods")
 
 
-def write_scenarios(results: ScenarioResults, config: ScenarioConfig, out_dir: str | Path,
-                    elapsed_seconds: Optional[float] = None) -> list[dict[str, Any]]:
-    """Write the tables, figures, ``claims.json`` and ``config.json`` into ``out_dir``; return the claims."""
-    out = Path(out_dir)
-    claims = scenario_claims(results, config)
-    settings = config.to_json()
-    if elapsed_seconds is not None:
-        settings["sweep_seconds"] = round(elapsed_seconds, 2)
-    write_radius_outputs(out, {"runs": results.runs, "summary": results.summary, "methods": results.methods,
-                               "references": results.references}, claims, settings)
-    _plot(results, config, out / "figures")
-    return claims
-
-
-def run_scenarios_command(args: argparse.Namespace) -> int:
-    """``fedroute reproduce scenarios [--config paper|study] [--quick] [--out OUT] [--workers N] [--ray-address A]``.
-
-    ``paper`` (the default name) is the suite on the evaluation seeds; ``study`` the study behind the
-    generic default on the development seeds.
-    """
-    if named_config(args) == "study":
-        config = ScenarioConfig.study(quick=bool(getattr(args, "quick", False)))
-    else:
-        config = ScenarioConfig.quick_config() if getattr(args, "quick", False) else ScenarioConfig()
-    out_dir = Path(args.out) / config.name
-    start = time.perf_counter()
-    results = run_scenarios(config, workers=getattr(args, "workers", 1) or 1,
-                            ray_address=getattr(args, "ray_address", None), progress=True)
-    elapsed = time.perf_counter() - start
-    claims = write_scenarios(results, config, out_dir, elapsed_seconds=elapsed)
-    columns = ["runs", "separated", "converged", "greedy_failures", "recovered_of_greedy_failures",
-               "greedy_successes", "no_harm_of_greedy_successes"]
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(results.summary[["scenario", "start", "method", *columns]].to_string(
-            index=False, float_format=lambda x: f"{x:.2f}"))
-        print(results.methods[["method", *columns, "recovery_rate", "no_harm_rate"]].to_string(
-            index=False, float_format=lambda x: f"{x:.3f}"))
-    print_claims(claims)
-    print(f"scenarios: {elapsed:.1f} s; wrote {out_dir}")
-    return 0  # a claim that does not hold is a result (claims.json), not a failure of the command
-
-
-REPRODUCE_COMMANDS["scenarios"] = run_scenarios_command
-REPRODUCE_CONFIGS["scenarios"] = {"study": "the study behind the generic default: its variants on the development seeds"}
+EXPERIMENT = register(Experiment(
+    name="scenarios", title="beyond the paper: the generic default on models the paper never ran",
+    config=ScenarioConfig, run=_run, claims=scenario_claims,
+    panels=[Panel("scenarios", _cell_rates, "cell", "recovered", "", "separated and converged", bars=True,
+                  title=lambda results, config: f"scenarios: {config.seeds} seeds per cell", ylim=(0, 1.05)),
+            Panel("methods", _method_rates, "method", "value", "", "rate", by="rate", bars=True, ylim=(0, 1.05),
+                  extra=_target)],
+    show=lambda results: [results.summary[["scenario", "start", "method", *SHOWN]],
+                          results.methods[["method", *SHOWN, "recovery_rate", "no_harm_rate"]]],
+    variants={"study": Variant("the study behind the generic default: its variants on the development seeds",
+                               study, in_all=False)},
+))
