@@ -1,4 +1,4 @@
-"""The per-client agent step (ALGORITHM.md §2–§6), vectorised over clients.
+"""The per-client agent step (docs/algorithm.md, rules §2–§6), vectorised over clients.
 
 One call of :func:`agent_step` is one round ``t`` for a batch of clients:
 controller (arm) choice → entry test → route distribution → hard route →

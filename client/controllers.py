@@ -1,4 +1,4 @@
-"""Routing controllers (ALGORITHM.md §3): loss vectors to route distributions.
+"""Routing controllers (docs/algorithm.md, rules §3): loss vectors to route distributions.
 
 Every function is vectorised over a leading axis of clients: ``losses`` has
 shape ``(n, K)`` and the result ``(n, K)`` holds one distribution per client.

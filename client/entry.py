@@ -1,4 +1,4 @@
-"""Entry test of selective hysteresis and synchronized entry (ALGORITHM.md §5–§6).
+"""Entry test of selective hysteresis and synchronized entry (docs/algorithm.md, rules §5–§6).
 
 A client whose Greedy choice is ``r`` tests the underused clusters ``c``
 (broadcast mass below ``μ_rev``, ``c ≠ r``; at most ``entry_max_candidates`` of

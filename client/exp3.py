@@ -1,4 +1,4 @@
-"""EXP3 over routing controllers (ALGORITHM.md §4), vectorised over clients."""
+"""EXP3 over routing controllers (docs/algorithm.md, rules §4), vectorised over clients."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Counter-based randomness: every draw is a pure function of its coordinates.
 
-ALGORITHM.md §8 requires each random draw to be a pure function of
+docs/algorithm.md, rules §8 requires each random draw to be a pure function of
 ``(seed, client_id, round, purpose)`` so that the Flower runtime (one client
 per process) and the batched simulator (all clients at once) make the *same*
 draws.  ``numpy.random.default_rng([seed, client, round, purpose])`` has that

@@ -47,7 +47,7 @@ def client_round(
     seed: int | NDArray[np.int64],
     num_rounds: Optional[int] = None,
 ) -> ClientRound:
-    """Run round ``t`` of ALGORITHM.md §2 step 2 for every client of the batch.
+    """Run round ``t`` of docs/algorithm.md, rules §2 step 2 for every client of the batch.
 
     Parameters
     ----------

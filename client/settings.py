@@ -20,7 +20,7 @@ INCLUSIVE_SLACK = 1e-9
 
 @dataclass(frozen=True)
 class RoutingSettings:
-    """Every routing hyper-parameter of ALGORITHM.md §3–§6.
+    """Every routing hyper-parameter of docs/algorithm.md, rules §3–§6.
 
     Parameters
     ----------

@@ -1,7 +1,7 @@
 """Run the Flower app with ``flwr run`` in a local Ray simulation, hermetically.
 
 ``flwr run`` starts a detached local SuperLink that outlives the command and
-keeps the environment it started with (FLOWER.md).  :func:`run_flower_app`
+keeps the environment it started with (docs/deployment.md).  :func:`run_flower_app`
 gives each run its own ``FLWR_HOME`` and ports, disables per-run dependency
 installation and telemetry, checks the run's final status with ``flwr ls``
 (``flwr run --stream`` exits 0 even when the ServerApp crashed), and always

@@ -12,7 +12,7 @@ from fedroute.simulation import metrics
 __all__ = ["run_summary", "RECOVERY_THRESHOLD"]
 
 RECOVERY_THRESHOLD = 0.5
-"""A linear run has recovered iff ``R_T < 0.5`` (ALGORITHM.md §9)."""
+"""A linear run has recovered iff ``R_T < 0.5`` (docs/algorithm.md, rules §9)."""
 
 
 def run_summary(

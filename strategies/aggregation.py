@@ -1,4 +1,4 @@
-"""Per-cluster hard update and routing masses (ALGORITHM.md §2, steps 3–4).
+"""Per-cluster hard update and routing masses (docs/algorithm.md, rules §2, steps 3–4).
 
 Both take an optional ``run_index`` so that the batched simulator can update
 many independent runs at once: run ``r``'s cluster ``k`` is row ``r·K + k``.

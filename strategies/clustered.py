@@ -4,7 +4,7 @@ Each round it broadcasts all ``K`` models and the previous routing masses,
 validates the replies (a malformed reply is logged and dropped), aggregates
 them per cluster with the hard update, and records the round.  With
 ``synchronized_entry`` it first runs the provisional-Greedy ``QUERY`` exchange
-(ALGORITHM.md §6) and broadcasts the provisional masses with server round 1.
+(docs/algorithm.md, rules §6) and broadcasts the provisional masses with server round 1.
 After the last round it asks every node for the controller-free evaluation.
 Greedy IFCA is this strategy with ``RoutingSettings(controllers=("gr",))``.
 """

@@ -1,4 +1,4 @@
-"""Tests of the per-cluster hard update and routing masses (ALGORITHM.md §2 steps 3–4)."""
+"""Tests of the per-cluster hard update and routing masses (docs/algorithm.md, rules §2 steps 3–4)."""
 
 import numpy as np
 

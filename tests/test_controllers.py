@@ -1,4 +1,4 @@
-"""Tests of the routing controllers (ALGORITHM.md §3); expected values worked out by hand."""
+"""Tests of the routing controllers (docs/algorithm.md, rules §3); expected values worked out by hand."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Tests of the entry test (ALGORITHM.md §5–§6) and of the agent step (§2–§6).
+"""Tests of the entry test (docs/algorithm.md, rules §5–§6) and of the agent step (§2–§6).
 
 Every expected value below is worked out by hand from the losses; the EXP3
 probabilities are made deterministic where needed with ``γ = 0`` and log-weights
@@ -309,7 +309,7 @@ def test_hysteresis_release_at_max_rounds_even_with_large_gap():
 
 
 def test_hysteresis_gap_with_zero_best_loss_is_infinite():
-    """ALGORITHM.md §5: G = ℓ_target / min ℓ - 1 is +inf when min ℓ = 0 < ℓ_target (no release)."""
+    """docs/algorithm.md, rules §5: G = ℓ_target / min ℓ - 1 is +inf when min ℓ = 0 < ℓ_target (no release)."""
     settings = _action_settings(hysteresis_min_rounds=1, hysteresis_exit_gap=0.005, hysteresis_max_rounds=100)
     state = replace(AgentState.initial(1, settings), arm=np.array([1]), hysteresis_target=np.array([1]),
                     hysteresis_count=np.array([3]))

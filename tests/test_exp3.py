@@ -1,4 +1,4 @@
-"""Tests of EXP3 over controllers (ALGORITHM.md §4); expected values by hand."""
+"""Tests of EXP3 over controllers (docs/algorithm.md, rules §4); expected values by hand."""
 
 import math
 

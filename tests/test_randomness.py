@@ -1,4 +1,4 @@
-"""Tests of counter-based randomness (ALGORITHM.md §8)."""
+"""Tests of counter-based randomness (docs/algorithm.md, rules §8)."""
 
 import numpy as np
 import pytest
