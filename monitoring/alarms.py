@@ -250,7 +250,8 @@ class AlarmMonitor:
         preferred = set(np.argmin(losses, axis=1).tolist())
         if not self._state.entrance_checked:
             self._state.entrance_checked = True
-            events += self._check_entrance(round_index, preferred)
+            tied_for_all = np.all(losses == losses.min(axis=1, keepdims=True), axis=0)
+            events += self._check_entrance(round_index, preferred, tied_for_all)
         events += self._clear_entrance(round_index, preferred)
         events += self._check_starvation(round_index, routed)
         events += self._check_duplication(round_index, losses)
@@ -298,13 +299,21 @@ class AlarmMonitor:
         return [self._clear(alarm, round_index, f"dead federation cleared at round t={round_index}: valid "
                             "replies arrived again") for alarm in self._active(DEAD_FEDERATION)]
 
-    def _check_entrance(self, round_index: int, preferred: set[int]) -> list[AlarmEvent]:
+    def _check_entrance(self, round_index: int, preferred: set[int],
+                        tied_for_all: NDArray[np.bool_]) -> list[AlarmEvent]:
         unattractive = [k for k in range(self.num_clusters) if k not in preferred]
         if not unattractive:
             return []
         chosen = sorted(preferred)
-        preference = (f"every client prefers cluster {chosen[0]}" if len(chosen) == 1
-                      else "clients prefer only " + _names(chosen))
+        if all(tied_for_all[k] for k in unattractive):
+            # Identical copies: every client's losses tie, and the lowest index wins argmin.
+            tied = [k for k in range(self.num_clusters) if tied_for_all[k]]
+            preference = (f"every client's losses tie exactly between {_names(tied)} — identical copies? Routing "
+                          "with random tie-breaking (the generic default) splits the clients among them; with "
+                          "lowest-index ties (the paper presets) the higher-index copies stay unused")
+        else:
+            preference = (f"every client prefers cluster {chosen[0]}" if len(chosen) == 1
+                          else "clients prefer only " + _names(chosen))
         basin = ""
         if self.starvation_basin is True:
             basin = ("; W^0 lies in the certified starvation basin of the two-group linear task, so Greedy "

@@ -75,6 +75,18 @@ def test_duplicated_clusters_are_flagged_until_a_client_tells_them_apart() -> No
     assert _kinds(monitor.observe(2, apart, np.array([0, 2]))) == [(DUPLICATION, "cleared")]
 
 
+def test_identical_copies_are_named_as_ties_not_as_a_preference() -> None:
+    monitor = AlarmMonitor(3)
+    events = monitor.observe(0, np.array([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]), np.array([2, 1]))
+    entrance = [event for event in events if event.kind == COLLAPSED_ENTRANCE]
+    assert entrance[0].clusters == (1, 2)
+    assert "tie exactly between clusters 0, 1 and 2" in entrance[0].message
+    assert "every client prefers" not in entrance[0].message
+    # a real preference (cluster 0 strictly best for one client) keeps the usual wording
+    events = AlarmMonitor(3).observe(0, np.array([[1.0, 1.0, 1.0], [1.0, 2.0, 2.0]]), np.array([0, 0]))
+    assert "every client prefers cluster 0" in events[0].message
+
+
 def test_dead_federation_after_n_silent_rounds_names_the_first_reasons() -> None:
     monitor = AlarmMonitor(2, AlarmSettings(dead_rounds=3))
     empty = np.zeros((0, 2))
