@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["ClientBatch", "Task", "validate_task_settings"]
+__all__ = ["ClientBatch", "Task", "checked_client_ids", "validate_task_settings"]
 
 
 class ClientBatch(Protocol):
@@ -51,6 +51,20 @@ class Task(Protocol):
 
     def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
         """``W^0`` as a ``(K, P)`` array."""
+
+
+def checked_client_ids(client_ids: Any, num_clients: int) -> NDArray[np.int64]:
+    """``client_ids`` as a 1-D int64 array, each in ``[0, num_clients - 1]``.
+
+    Raises
+    ------
+    ValueError
+        If an id lies outside that range (the message gives the range and the ids).
+    """
+    client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
+    if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= num_clients):
+        raise ValueError(f"client ids must lie in [0, {num_clients - 1}], got {client_ids.tolist()}")
+    return client_ids
 
 
 def validate_task_settings(

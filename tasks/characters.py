@@ -159,6 +159,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
+from fedroute.tasks.base import checked_client_ids
 
 __all__ = [
     "ALPHAS",
@@ -710,9 +711,7 @@ class TransformedCharactersTask:
 
     def clients(self, client_ids: NDArray[np.int64]) -> CharactersClients:
         """The given clients' data (a client's data depend only on the data settings, the seed and its id)."""
-        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
-        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
-            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        client_ids = checked_client_ids(client_ids, self.num_clients)
         full = _prepared(self._data_key()).clients
         arrays = {field.name: getattr(full, field.name)[client_ids]
                   for field in fields(full) if isinstance(getattr(full, field.name), np.ndarray)}

@@ -42,7 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
-from fedroute.tasks.base import validate_task_settings
+from fedroute.tasks.base import checked_client_ids, validate_task_settings
 from fedroute.tasks.characters import CharactersClients, _digits, _init_parameters, client_batch, mlp_num_parameters, \
     zero_output_layer
 
@@ -160,9 +160,7 @@ class DigitRotationsTask:
 
     def clients(self, client_ids: NDArray[np.int64]) -> "DecayedClients":
         """Data of the given clients (a client's images depend only on the seed, ``n`` and its id)."""
-        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
-        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
-            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        client_ids = checked_client_ids(client_ids, self.num_clients)
         images, labels = _digits()
         per_group = self.num_clients // self.num_groups
         groups = self.groups(client_ids)

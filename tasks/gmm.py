@@ -88,6 +88,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
+from fedroute.tasks.base import checked_client_ids
 
 __all__ = ["ENTRANCES", "GMMTask", "GMMClients", "cross_entropy", "fit_logistic_regression", "fit_logistic_regressions",
            "group_oracle_fit"]
@@ -590,9 +591,7 @@ class GMMTask:
     # ------------------------------------------------------------------ #
     def clients(self, client_ids: NDArray[np.int64]) -> GMMClients:
         """Data of the given clients; each client's data depend only on ``(seed, id)``."""
-        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
-        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
-            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        client_ids = checked_client_ids(client_ids, self.num_clients)
         groups = self.groups(client_ids)
         centres, teachers = self._constants
         total = self.samples_per_client + self.test_samples_per_client

@@ -100,6 +100,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: clients never nee
     import pandas as pd
 
 from fedroute.client.randomness import Purpose, generator
+from fedroute.tasks.base import checked_client_ids
 
 __all__ = [
     "FEATURES",
@@ -609,9 +610,7 @@ class HousingTask:
         return self._data.client_groups[client_ids].copy()
 
     def _checked(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
-        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
-        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
-            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        client_ids = checked_client_ids(client_ids, self.num_clients)
         return client_ids
 
     def samples(self, client_ids: NDArray[np.int64]) -> HousingSamples:

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.client.randomness import Purpose, generator
+from fedroute.tasks.base import checked_client_ids
 
 __all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES"]
 
@@ -176,9 +177,7 @@ class LinearTask:
 
     def samples(self, client_ids: NDArray[np.int64]) -> LinearSamples:
         """Raw samples of the given clients; each client's data depends only on ``(seed, id)``."""
-        client_ids = np.atleast_1d(np.asarray(client_ids, dtype=np.int64))
-        if client_ids.size and (client_ids.min() < 0 or client_ids.max() >= self.num_clients):
-            raise ValueError(f"client ids must lie in [0, {self.num_clients - 1}], got {client_ids.tolist()}")
+        client_ids = checked_client_ids(client_ids, self.num_clients)
         groups = self.groups(client_ids)
         theta = self.group_parameters
         total = self.samples_per_client + self.test_samples_per_client

@@ -101,3 +101,12 @@ def test_linear_copies_start_repeats_the_spread_start_first_model():
     copies = LinearTask(init="copies", seed=4).initial_models(3)
     spread = LinearTask(init="spread", seed=4).initial_models(3)
     np.testing.assert_array_equal(copies, np.repeat(spread[:1], 3, axis=0))
+
+
+@pytest.mark.parametrize("task", [BoundariesTask(), DigitRotationsTask(), LinearTask()], ids=lambda t: t.name)
+def test_client_ids_outside_the_population_are_refused_naming_the_range(task):
+    last = task.num_clients - 1
+    for bad in ([-1], [0, task.num_clients]):
+        with pytest.raises(ValueError, match=rf"client ids must lie in \[0, {last}\], got \{bad}"):
+            task.clients(np.array(bad))
+    assert task.clients(last).client_ids.tolist() == [last]  # a scalar id is one client
