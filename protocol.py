@@ -17,10 +17,10 @@ This module imports no Flower: it only names things and converts arrays.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import DTypeLike, NDArray
 
 # Record keys.
 CONFIG = "config"
@@ -103,6 +103,35 @@ def flatten_arrays(arrays: Mapping[str, NDArray]) -> NDArray[np.float64]:
     """Concatenate a model's named arrays (in their order) into one float64 vector."""
     return np.concatenate([np.asarray(value, dtype=np.float64).ravel() for value in arrays.values()]) if arrays \
         else np.zeros(0)
+
+
+def flat_dtype(template: Mapping[str, NDArray]) -> np.dtype:
+    """The dtype a model of this layout keeps when flattened without loss: the arrays' own if they share
+    one floating dtype (e.g. float32 throughout), else float64."""
+    dtypes = {np.asarray(value).dtype for value in template.values()}
+    if len(dtypes) == 1 and (dtype := dtypes.pop()).kind == "f":
+        return dtype
+    return np.dtype(np.float64)
+
+
+def stack_flat(models: Sequence[Mapping[str, NDArray]], dtype: DTypeLike = np.float64) -> NDArray:
+    """Models (named arrays of one layout) as the rows of one ``(len(models), P)`` array of ``dtype``.
+
+    Each array is copied once, straight into its row (``np.stack`` of
+    :func:`flatten_arrays` would copy twice and widen to float64 first).  With
+    ``dtype = flat_dtype(template)`` nothing is rounded; the aggregation widens
+    the values exactly where it computes in float64.
+    """
+    if not models:
+        return np.zeros((0, 0), dtype=dtype)
+    sizes = [int(np.asarray(value).size) for value in models[0].values()]
+    rows = np.empty((len(models), sum(sizes)), dtype=dtype)
+    for row, arrays in zip(rows, models):
+        offset = 0
+        for value, size in zip(arrays.values(), sizes):
+            row[offset:offset + size] = np.asarray(value).reshape(-1)
+            offset += size
+    return rows
 
 
 def unflatten_arrays(vector: NDArray, template: Mapping[str, NDArray]) -> dict[str, NDArray]:

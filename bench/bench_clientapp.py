@@ -8,6 +8,10 @@ and, for routing messages only, fedroute's plugin inside the handler), so that
 in deployment — where every message starts a fresh ClientApp process — the
 import cost it shows is the real one.
 
+Under the diagnostic configuration ``strategy = "routing-no-loss"`` its
+``loss_fn`` runs no forward pass (it returns 0.0): what routing costs apart
+from the ``K`` loss passes.
+
 Every reply carries ``bench-*`` metrics: the handler's CPU time and that of
 ``loss_fn`` and ``train_fn`` (with call counts), and wall-clock instants
 (seconds since the epoch) of the ClientApp process's start, the handler's
@@ -85,7 +89,10 @@ def client_train(message: Message, context: Context) -> Message:
               learning_rate=float(config["learning-rate"]), seed=shuffle_seed)
 
     train_fn = _timed(train_fn, spent, "train")
-    loss_fn = _timed(lambda model: mean_loss(model, data.train), spent, "loss")
+    if config["strategy"] == "routing-no-loss":  # the benchmark's diagnostic: no forward pass, all losses tie
+        loss_fn = _timed(lambda model: 0.0, spent, "loss")
+    else:
+        loss_fn = _timed(lambda model: mean_loss(model, data.train), spent, "loss")
     if not routing:  # FedAvg: the usual Flower handler
         model = DigitsCNN()
         model.load_state_dict(message.content["arrays"].to_torch_state_dict())

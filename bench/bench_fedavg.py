@@ -57,13 +57,14 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from bench_clientapp import client_app, client_evaluate, client_train  # noqa: F401  (client_app: the app's)
+from ratios import paired_ratio
 from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXAMPLE = REPOSITORY / "examples" / "digits_cnn"
 TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 APP_CONFIG = {
-    "strategy": "fedavg",        # "fedavg", "fedavg-evaluate" or "routing"
+    "strategy": "fedavg",        # "fedavg", "fedavg-evaluate", "routing" or "routing-no-loss" (diagnostic)
     "num-clusters": 2,
     "routing-preset": "",        # "" = the generic default a user's app gets; "characters" = the paper's E4 preset
     "num-server-rounds": 11,
@@ -77,6 +78,16 @@ APP_CONFIG = {
     "results-path": "",
 }
 LABELS = {"fedavg": "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round (Flower's default)"}
+NO_LOSS = "routing-no-loss"
+"""The diagnostic configuration: ClusteredRouting whose ClientApp passes a ``loss_fn`` that runs no forward
+pass (it returns 0.0, so every client's K losses tie): the cost of routing apart from the K loss passes."""
+
+
+def label_of(strategy: str, num_clusters: int) -> str:
+    """A configuration's name in the tables."""
+    if strategy == NO_LOSS:
+        return f"ClusteredRouting K={num_clusters}, loss_fn not run (diagnostic)"
+    return LABELS.get(strategy, f"ClusteredRouting K={num_clusters}")
 
 # ================================================================================ the app
 server_app = ServerApp()
@@ -184,7 +195,7 @@ def server_main(grid: Grid, context: Context) -> None:
     strategy.finish()
     results = {
         "strategy": str(config["strategy"]),
-        "num_clusters": int(config["num-clusters"]) if config["strategy"] == "routing" else 1,
+        "num_clusters": int(config["num-clusters"]) if str(config["strategy"]).startswith("routing") else 1,
         "round_seconds": _deltas(strategy.marks),
         "thread_cpu_seconds": _deltas(strategy.thread_cpu_marks),
         "process_cpu_seconds": _deltas(strategy.process_cpu_marks),
@@ -209,7 +220,8 @@ def build_app(directory: Path) -> Path:
     app = directory / "bench_app"
     app.mkdir(parents=True)
     shutil.copy(Path(__file__), app / "bench_fedavg.py")
-    shutil.copy(Path(__file__).with_name("bench_clientapp.py"), app / "bench_clientapp.py")
+    for module in ("bench_clientapp.py", "ratios.py"):
+        shutil.copy(Path(__file__).with_name(module), app / module)
     shutil.copytree(EXAMPLE / "digits_app", app / "digits_app", ignore=shutil.ignore_patterns("__pycache__"))
     config = "\n".join(f"{key} = {json.dumps(value)}" for key, value in APP_CONFIG.items())
     (app / "pyproject.toml").write_text(
@@ -254,7 +266,7 @@ def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
     first = runs[0]
     return {
-        "label": LABELS.get(first["strategy"], f"ClusteredRouting K={first['num_clusters']}"),
+        "label": label_of(first["strategy"], first["num_clusters"]),
         "seconds": statistics.fmean(pooled("round_seconds")),
         "median_seconds": statistics.median(pooled("round_seconds")),
         "seconds_per_run": [statistics.fmean(run["round_seconds"][keep]) for run in runs],
@@ -295,14 +307,14 @@ def _per_run_line(rows: list[dict[str, Any]]) -> str:
             f"{os.cpu_count()} CPUs. Rejected replies: {sum(row['rejected'] for row in rows)}.")
 
 
-_ROUND_COLUMNS = ("| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of means) "
+_ROUND_COLUMNS = ("| strategy | runs × rounds | s / round (mean; median) | × FedAvg (of the means of the paired runs) "
                   "| × FedAvg per pair (median; range) ")
 
 
 def _round_cells(row: dict[str, Any], baseline: dict[str, Any], digits: int = 3) -> str:
     """The cells under :data:`_ROUND_COLUMNS`: round times and their ratios to the baseline."""
     return (f"| {row['label']} | {row['runs']} × {row['rounds'] // row['runs']} | {row['seconds']:.{digits}f}; "
-            f"{row['median_seconds']:.2f} | {row['seconds'] / baseline['seconds']:.2f} | {pair_ratios(row, baseline)} ")
+            f"{row['median_seconds']:.2f} | {paired_ratio(row, baseline):.2f} | {pair_ratios(row, baseline)} ")
 
 
 def _table_head(title: str, more_columns: str) -> list[str]:
@@ -460,7 +472,7 @@ def in_process(ks: list[int], num_clients: int, rounds: int, warmup: int,
         clients = [t for round_timings in strategy.client_timings[keep] for t in round_timings]
         server = [total - sum(handler[i * num_clients:(i + 1) * num_clients]) for i, total in enumerate(thread_cpu)]
         rows.append({
-            "label": LABELS.get(strategy_name, f"ClusteredRouting K={num_clusters}"),
+            "label": label_of(strategy_name, num_clusters),
             "handler_ms": 1000 * statistics.fmean(handler),
             "loss_ms": 1000 * statistics.fmean(t["bench-loss"] for t in clients),
             "train_ms": 1000 * statistics.fmean(t["bench-train"] for t in clients),
@@ -521,7 +533,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
 
     lines = [f"**Server side of one round, {num_clients} replies (CPU ms, min of 5 × 10 calls)**", "",
              "| K | `_messages` (records shared by the nodes) | encode the K models (once per round) "
-             "| validate replies | flatten replies | `hard_update` (segment sums) | one-hot matmul (not used) "
+             "| validate replies | flatten replies (`stack_flat`) | `hard_update` (segment sums, column blocks) | one-hot matmul (not used) "
              "| `aggregate_train` total |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ks:
@@ -537,8 +549,8 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
         }), reply_to=message) for i, message in enumerate(messages)]
         template = strategy.cluster_models[0]
         valid = [validate_train_reply(reply.content, k, template) for reply in replies]
-        flat = np.stack([protocol.flatten_arrays(reply.model) for reply in valid])
-        current = np.stack([protocol.flatten_arrays(model) for model in strategy.cluster_models])
+        flat = protocol.stack_flat([reply.model for reply in valid], protocol.flat_dtype(template))
+        current = protocol.stack_flat(strategy.cluster_models)
         routes, weights = np.array([reply.cluster for reply in valid]), np.full(len(valid), 96.0)
 
         def matmul_update() -> np.ndarray:
@@ -552,7 +564,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
             cpu_ms(lambda: strategy._messages(Nodes().get_node_ids(), "train", {})),
             cpu_ms(lambda: [array_record(model) for model in strategy.cluster_models]),
             cpu_ms(lambda: [validate_train_reply(reply.content, k, template) for reply in replies]),
-            cpu_ms(lambda: np.stack([protocol.flatten_arrays(reply.model) for reply in valid])),
+            cpu_ms(lambda: protocol.stack_flat([reply.model for reply in valid], protocol.flat_dtype(template))),
             cpu_ms(lambda: hard_update(current, flat, routes, weights)),
             cpu_ms(matmul_update),
             cpu_ms(lambda: strategy.aggregate_train(2, replies), number=3),
@@ -620,6 +632,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              "paper's E4 preset (every cluster an entry candidate at K >= 5)")
     parser.add_argument("--longer-epochs", type=int, default=5,
                         help="also compare FedAvg and K = 2 with this many local epochs (0 = skip)")
+    parser.add_argument("--no-loss-diagnostic", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run K = 2 with a loss_fn that runs no forward pass (12 clients, 1 epoch, "
+                             "with the headline runs): what routing costs apart from the K loss passes")
     parser.add_argument("--with-evaluate", action=argparse.BooleanOptionalAction, default=True,
                         help="also run FedAvg with Flower's default per-round evaluation (small population)")
     parser.add_argument("--large-clients", type=int, default=1000)
@@ -665,10 +680,14 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict[str, list[dict[st
         try:
             for num_clients, fraction, rounds, epochs, baselines, ks in populations:
                 configurations = [(name, 1) for name in baselines] + [("routing", k) for k in ks]
+                headline = [("fedavg", 1), ("routing", 2)]
+                if (num_clients, epochs) == (args.clients, 1) and 2 in ks and args.no_loss_diagnostic:
+                    configurations.insert(configurations.index(("routing", 2)) + 1, (NO_LOSS, 2))
+                    headline.append((NO_LOSS, 2))
                 measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}
                 plan = [configurations] * args.repeat
                 if (num_clients, epochs) == (args.clients, 1) and 2 in ks:
-                    plan += [[("fedavg", 1), ("routing", 2)]] * args.headline_repeat
+                    plan += [headline] * args.headline_repeat
                 for repeat, round_robin in enumerate(plan):  # interleaved: a busy spell hits all alike
                     for strategy, num_clusters in round_robin:
                         begin = time.monotonic()

@@ -25,6 +25,34 @@ def _global_routes(routes: NDArray[np.int64], num_clusters: int, run_index: Opti
     return routes if run_index is None else np.asarray(run_index, dtype=np.int64) * num_clusters + routes
 
 
+_BLOCK_VALUES = 1 << 16
+"""Reply values per column block of :func:`_segment_weighted_sums` (512 KiB of float64: cache sized)."""
+
+
+def _segment_weighted_sums(client_models: NDArray[np.floating], order: NDArray[np.int64],
+                           ordered_weights: NDArray[np.float64], starts: NDArray[np.int64]) -> NDArray[np.float64]:
+    """``Σ n_i w_i`` per segment of the replies taken in ``order`` (segments begin at ``starts``), in float64.
+
+    Each value is the float64 product of a reply's value (widened exactly
+    from its own dtype) and its weight, summed over the segment's replies in
+    their order: the same operations, in the same order, for every column,
+    whatever the blocking.  Columns go in cache-sized blocks, so no
+    ``(replies, P)`` float64 temporary is allocated (stable sort, segment sums:
+    much faster than an unbuffered ``np.add.at``).  Overflow gives ``inf``
+    silently; the caller checks.
+    """
+    num_replies, num_values = client_models.shape
+    sums = np.empty((len(starts), num_values))
+    block = max(256, _BLOCK_VALUES // max(num_replies, 1))
+    weights = ordered_weights[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for begin in range(0, num_values, block):
+            columns = slice(begin, begin + block)
+            weighted = np.multiply(client_models[order, columns], weights, dtype=np.float64)
+            sums[:, columns] = np.add.reduceat(weighted, starts, axis=0)
+    return sums
+
+
 def hard_update(
     cluster_models: NDArray[np.floating],
     client_models: NDArray[np.floating],
@@ -85,15 +113,10 @@ def hard_update_checked(
     updated = flat.copy()
     non_finite = np.zeros(flat.shape[0], dtype=bool)
     if routed.any():
-        # Segment sums over the replies grouped by cluster (stable sort: reply order kept within a
-        # cluster); much faster than an unbuffered ``np.add.at`` over (replies, P) rows.
         order = np.argsort(targets, kind="stable")
         starts = np.searchsorted(targets[order], np.flatnonzero(routed))
+        sums = _segment_weighted_sums(np.asarray(client_models), order, weights[order], starts)
         with np.errstate(over="ignore", invalid="ignore"):
-            # One float64 array: the replies gathered in their own dtype, widened (exactly) and weighted in
-            # one pass — the same float64 products as widening first.
-            weighted = np.multiply(np.asarray(client_models)[order], weights[order, None], dtype=np.float64)
-            sums = np.add.reduceat(weighted, starts, axis=0)
             averaged = (sums / totals[routed, None]).astype(flat.dtype)
         bad = ~np.isfinite(averaged).all(axis=1)
         if bad.any():  # overflow of n·w or of the sum: average the convex combination instead

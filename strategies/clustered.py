@@ -587,8 +587,8 @@ class ClusteredRouting(Strategy):
         previous = [dict(model) for model in self.cluster_models]
         if valid:
             routes = np.array([reply.cluster for reply in valid], dtype=np.int64)
-            flat_models = np.stack([protocol.flatten_arrays(reply.model) for reply in valid])
-            current = np.stack([protocol.flatten_arrays(model) for model in self.cluster_models])
+            flat_models = protocol.stack_flat([reply.model for reply in valid], protocol.flat_dtype(template))
+            current = protocol.stack_flat(self.cluster_models)
             outcome = aggregate_round(current, flat_models, routes, np.array([r.num_examples for r in valid]),
                                       self.influence)
             for reply in (reply for reply, kept in zip(valid, outcome.kept) if not kept):

@@ -88,7 +88,7 @@ class FedCAM(ClusteredRouting):
 
     def _after_hard_update(self, valid: list[TrainReply]) -> None:
         template = self.cluster_models[0]
-        parts = np.stack([protocol.flatten_arrays(reply.extras[protocol.GLOBAL_MODEL]) for reply in valid])
+        parts = protocol.stack_flat([reply.extras[protocol.GLOBAL_MODEL] for reply in valid], protocol.flat_dtype(template))
         current = protocol.flatten_arrays(self._global())[None, :]
         weights = np.array([reply.num_examples for reply in valid])
         # The same influence bounds as the cluster parts; a non-finite average keeps Θ_glob.

@@ -1,7 +1,10 @@
 """Tests of the per-cluster hard update and routing masses (docs/algorithm.md, rules §2 steps 3–4)."""
 
 import numpy as np
+import pytest
 
+from fedroute import protocol
+from fedroute.strategies import aggregation
 from fedroute.strategies.aggregation import cluster_route_counts, hard_update, routing_masses
 
 
@@ -86,3 +89,46 @@ def test_hard_update_values_are_the_segment_sums_of_the_weighted_replies_bit_for
     assert updated.tobytes() == expected.reshape(cluster_models.shape).tobytes()
     assert client_models.tobytes() == before.tobytes()
     np.testing.assert_array_equal(updated[:, -1], cluster_models[:, -1])
+
+
+def _reference(cluster_models, client_models, routes, num_examples):
+    """``Σ n_i w_i / Σ n_i`` per cluster, reply by reply in float64 (the definition; summation order aside)."""
+    updated = np.array(cluster_models, copy=True)
+    for cluster in range(len(cluster_models)):
+        members = np.flatnonzero(routes == cluster)
+        if members.size:
+            weighted = sum(np.float64(num_examples[i]) * client_models[i].astype(np.float64) for i in members)
+            updated[cluster] = (weighted / num_examples[members].sum()).astype(updated.dtype)
+    return updated
+
+
+@pytest.mark.parametrize("reply_dtype", [np.float32, np.float64])
+def test_hard_update_in_column_blocks_is_bit_identical_to_one_block(monkeypatch, reply_dtype):
+    rng = np.random.default_rng(3)
+    cluster_models = rng.normal(size=(3, 1100))
+    client_models = (rng.normal(size=(13, 1100)) * 1e3).astype(reply_dtype)
+    routes = rng.integers(0, 3, size=13)
+    routes[routes == 1] = 2  # cluster 1: nobody routed
+    num_examples = rng.integers(1, 500, size=13).astype(np.float64)
+    monkeypatch.setattr(aggregation, "_BLOCK_VALUES", 1 << 30)  # the whole (replies, P) array at once
+    whole = hard_update(cluster_models, client_models, routes, num_examples)
+    monkeypatch.setattr(aggregation, "_BLOCK_VALUES", 13 * 300)  # blocks of 300 columns: 3 and a rest of 200
+    blocked = hard_update(cluster_models, client_models, routes, num_examples)
+    assert blocked.tobytes() == whole.tobytes()
+    np.testing.assert_allclose(blocked, _reference(cluster_models, client_models, routes, num_examples),
+                               rtol=0, atol=1e-9)  # sums of ~1e5 in float64: differences ~1e-11
+    assert blocked[1].tobytes() == cluster_models[1].tobytes()  # nobody routed: kept bit for bit
+
+
+def test_stack_flat_keeps_a_float32_layout_in_float32_and_widens_mixed_layouts():
+    float32_model = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) / 7, "b": np.ones(2, np.float32)}
+    mixed_model = {"w": np.arange(3, dtype=np.float32) / 7, "steps": np.array(5, dtype=np.int64)}
+    assert protocol.flat_dtype(float32_model) == np.float32
+    assert protocol.flat_dtype(mixed_model) == np.float64
+    rows = protocol.stack_flat([float32_model, {k: v + 1 for k, v in float32_model.items()}],
+                               protocol.flat_dtype(float32_model))
+    assert rows.dtype == np.float32 and rows.shape == (2, 8)
+    np.testing.assert_array_equal(rows[0], protocol.flatten_arrays(float32_model))  # same values, exactly
+    np.testing.assert_array_equal(rows[1], protocol.flatten_arrays({k: v + 1 for k, v in float32_model.items()}))
+    mixed = protocol.stack_flat([mixed_model], protocol.flat_dtype(mixed_model))
+    assert mixed.dtype == np.float64 and mixed[0, -1] == 5.0

@@ -69,3 +69,26 @@ def test_reproduction_targets(gmm_seconds: float, e4_seconds: float, verdicts: t
     assert "vs 40.0 s" in e5 and "CPU 1.50×" in e5 and e5.endswith(f"| {verdicts[0]} |")  # E2: median of 3 runs
     e4 = _line(table, "| E4 full grid")
     assert "290 s CPU" in e4 and e4.endswith(f"| {verdicts[1]} |")
+
+
+def test_the_no_loss_diagnostic_is_reported_beside_the_k2_target_and_never_judged() -> None:
+    rows = [_row("FedAvg", [1.0, 1.0]), _row("ClusteredRouting K=2", [1.25, 1.15]),
+            _row("ClusteredRouting K=2, loss_fn not run (diagnostic)", [1.06, 1.04])]
+    table = run_all.targets_table({"simulation-12-1": rows}, None, clients=12, large_clients=1000)
+    target = _line(table, "| simulation, 12 clients, 1 epoch, `K = 2`")
+    assert "1.20×" in target and target.endswith("| **not met** |")  # the real K = 2 row, not the diagnostic
+    diagnostic = _line(table, "| (diagnostic, not a target)")
+    assert "1.05×" in diagnostic and "per pair 1.05×" in diagnostic
+    assert "met" not in diagnostic  # no verdict: it is not a target
+    assert table.index(target) < table.index(diagnostic)
+
+
+def test_a_configuration_with_fewer_runs_is_judged_against_the_fedavg_runs_made_next_to_it() -> None:
+    # K = 4 ran only in the first two round-robins (beside FedAvg's 1.0 s runs); FedAvg's later headline runs
+    # (0.5 s, on a quieter machine) must not make K = 4 look slower than it was.
+    rows = [_row("FedAvg", [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]), _row("ClusteredRouting K=2", [1.1] * 2 + [0.55] * 4),
+            _row("ClusteredRouting K=4", [1.3, 1.3])]
+    table = run_all.targets_table({"simulation-12-1": rows}, None, clients=12, large_clients=1000)
+    four = _line(table, "| simulation, 12 clients, 1 epoch, `K = 4`")
+    assert "1.30×" in four and four.endswith("| met |")  # of all FedAvg runs' mean (0.667 s) it would be 1.95×
+    assert _line(table, "| simulation, 12 clients, 1 epoch, `K = 2`").endswith("| met |")
