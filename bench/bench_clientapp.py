@@ -8,9 +8,12 @@ and, for routing messages only, fedroute's plugin inside the handler), so that
 in deployment — where every message starts a fresh ClientApp process — the
 import cost it shows is the real one.
 
-Under the diagnostic configuration ``strategy = "routing-no-loss"`` its
+Two diagnostic configurations: under ``strategy = "routing-no-loss"`` its
 ``loss_fn`` runs no forward pass (it returns 0.0): what routing costs apart
-from the ``K`` loss passes.
+from the ``K`` loss passes; under ``strategy = "fedavg-losses"`` the FedAvg
+handler also runs ``loss_fn`` ``num-clusters`` times on the received model
+before training, as routing does on the ``K`` models: the floor of routing's
+cost, with nothing of fedroute.
 
 Every reply carries ``bench-*`` metrics: the handler's CPU time and that of
 ``loss_fn`` and ``train_fn`` (with call counts), and wall-clock instants
@@ -96,6 +99,12 @@ def client_train(message: Message, context: Context) -> Message:
     if not routing:  # FedAvg: the usual Flower handler
         model = DigitsCNN()
         model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+        if config["strategy"] == "fedavg-losses":  # the floor diagnostic: the K loss passes routing makes
+            model.eval()
+            with torch.no_grad():
+                for _ in range(int(config["num-clusters"])):
+                    loss_fn(model)
+            model.train()
         train_fn(model)
         reply = Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()),
                                             "metrics": MetricRecord({"num-examples": len(data.train)})}),

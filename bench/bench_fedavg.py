@@ -64,7 +64,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 EXAMPLE = REPOSITORY / "examples" / "digits_cnn"
 TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 APP_CONFIG = {
-    "strategy": "fedavg",        # "fedavg", "fedavg-evaluate", "routing" or "routing-no-loss" (diagnostic)
+    "strategy": "fedavg",        # "fedavg", "fedavg-evaluate", "routing"; diagnostics "routing-no-loss", "fedavg-losses"
     "num-clusters": 2,
     "routing-preset": "",        # "" = the generic default a user's app gets; "characters" = the paper's E4 preset
     "num-server-rounds": 11,
@@ -79,15 +79,25 @@ APP_CONFIG = {
 }
 LABELS = {"fedavg": "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round (Flower's default)"}
 NO_LOSS = "routing-no-loss"
-"""The diagnostic configuration: ClusteredRouting whose ClientApp passes a ``loss_fn`` that runs no forward
-pass (it returns 0.0, so every client's K losses tie): the cost of routing apart from the K loss passes."""
+"""Diagnostic: ClusteredRouting whose ClientApp passes a ``loss_fn`` that runs no forward pass (it returns
+0.0, so every client's K losses tie): the cost of routing apart from the K loss passes."""
+FLOOR = "fedavg-losses"
+"""Diagnostic: FedAvg whose ClientApp also runs the user's ``loss_fn`` K times on the received model before
+training (as routing does on the K models), nothing of fedroute: the floor of routing's cost at K."""
 
 
 def label_of(strategy: str, num_clusters: int) -> str:
     """A configuration's name in the tables."""
     if strategy == NO_LOSS:
         return f"ClusteredRouting K={num_clusters}, loss_fn not run (diagnostic)"
+    if strategy == FLOOR:
+        return f"FedAvg + {num_clusters} loss_fn passes per client (diagnostic)"
     return LABELS.get(strategy, f"ClusteredRouting K={num_clusters}")
+
+
+def carries_k(strategy: str) -> bool:
+    """Whether a configuration has a ``K`` (routing, and the floor diagnostic's number of loss passes)."""
+    return strategy.startswith("routing") or strategy == FLOOR
 
 # ================================================================================ the app
 server_app = ServerApp()
@@ -161,8 +171,8 @@ def make_strategy(config: dict[str, Any]) -> tuple[Any, Any]:
 
     seed, fraction, min_nodes = int(config["seed"]), float(config["fraction-train"]), int(config["min-nodes"])
     name = str(config["strategy"])
-    if name in ("fedavg", "fedavg-evaluate"):
-        strategy: Any = TimedFedAvg(fraction_train=fraction, fraction_evaluate=fraction if name != "fedavg" else 0.0,
+    if name in ("fedavg", "fedavg-evaluate", FLOOR):
+        strategy: Any = TimedFedAvg(fraction_train=fraction, fraction_evaluate=fraction if name == "fedavg-evaluate" else 0.0,
                                     min_available_nodes=min_nodes, min_train_nodes=min(2, min_nodes),
                                     min_evaluate_nodes=min(2, min_nodes))
         initial: Any = ArrayRecord(make_model(seed * 100).state_dict())
@@ -195,7 +205,7 @@ def server_main(grid: Grid, context: Context) -> None:
     strategy.finish()
     results = {
         "strategy": str(config["strategy"]),
-        "num_clusters": int(config["num-clusters"]) if str(config["strategy"]).startswith("routing") else 1,
+        "num_clusters": int(config["num-clusters"]) if carries_k(str(config["strategy"])) else 1,
         "round_seconds": _deltas(strategy.marks),
         "thread_cpu_seconds": _deltas(strategy.thread_cpu_marks),
         "process_cpu_seconds": _deltas(strategy.process_cpu_marks),
@@ -505,6 +515,7 @@ def in_process_table(rows: list[dict[str, Any]], num_clients: int, rounds: int, 
 
 def server_breakdown(ks: list[int], num_clients: int) -> str:
     """CPU time of the parts of one ClusteredRouting round on the server (``num_clients`` replies)."""
+    import logging
     import timeit
 
     import numpy as np
@@ -523,6 +534,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
 
     torch.set_num_threads(1)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    logging.getLogger("fedroute").setLevel(logging.ERROR)  # the synthetic replies tie: no alarm lines
 
     def cpu_ms(function: Callable[[], Any], number: int = 10) -> float:
         return 1000 * min(timeit.repeat(function, number=number, repeat=5, timer=time.thread_time)) / number
@@ -541,6 +553,8 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
                                                     num_clusters=k),
                                     min_available_nodes=num_clients)
         strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
+        strategy._num_rounds = 10  # what start(num_rounds=10) sets: the generic default's exploitation phase needs T
+        strategy.progress_interval = None
         messages = strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), Nodes())
         replies = [Message(content=RecordDict({
             protocol.MODEL: ArrayRecord(make_model(50 + i).state_dict()),
@@ -632,9 +646,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              "paper's E4 preset (every cluster an entry candidate at K >= 5)")
     parser.add_argument("--longer-epochs", type=int, default=5,
                         help="also compare FedAvg and K = 2 with this many local epochs (0 = skip)")
-    parser.add_argument("--no-loss-diagnostic", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run K = 2 with a loss_fn that runs no forward pass (12 clients, 1 epoch, "
-                             "with the headline runs): what routing costs apart from the K loss passes")
+    parser.add_argument("--diagnostics", action=argparse.BooleanOptionalAction, default=True,
+                        help="12 clients, 1 epoch: also run FedAvg plus K loss_fn passes per client (each K: "
+                             "the floor of routing's cost) and K = 2 with a loss_fn that runs no forward pass "
+                             "(what routing costs apart from the K loss passes); K = 2's with the headline runs")
     parser.add_argument("--with-evaluate", action=argparse.BooleanOptionalAction, default=True,
                         help="also run FedAvg with Flower's default per-round evaluation (small population)")
     parser.add_argument("--large-clients", type=int, default=1000)
@@ -681,9 +696,12 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict[str, list[dict[st
             for num_clients, fraction, rounds, epochs, baselines, ks in populations:
                 configurations = [(name, 1) for name in baselines] + [("routing", k) for k in ks]
                 headline = [("fedavg", 1), ("routing", 2)]
-                if (num_clients, epochs) == (args.clients, 1) and 2 in ks and args.no_loss_diagnostic:
-                    configurations.insert(configurations.index(("routing", 2)) + 1, (NO_LOSS, 2))
-                    headline.append((NO_LOSS, 2))
+                if (num_clients, epochs) == (args.clients, 1) and args.diagnostics:
+                    for k in ks:
+                        configurations.insert(configurations.index(("routing", k)) + 1, (FLOOR, k))
+                    if 2 in ks:
+                        configurations.insert(configurations.index((FLOOR, 2)) + 1, (NO_LOSS, 2))
+                        headline += [(FLOOR, 2), (NO_LOSS, 2)]
                 measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}
                 plan = [configurations] * args.repeat
                 if (num_clients, epochs) == (args.clients, 1) and 2 in ks:

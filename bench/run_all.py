@@ -78,6 +78,27 @@ def _ratio_rows(rows: list[dict[str, Any]], targets: dict[int, float], what: str
     return lines
 
 
+DIAGNOSTICS = {
+    "loss_fn passes per client": "the floor at this `K`: FedAvg plus the `K` loss passes routing needs, "
+                                 "nothing of fedroute",
+    "loss_fn not run": "routing's cost apart from the `K` loss passes",
+}
+"""Words in a diagnostic configuration's label → what its ratio shows."""
+
+
+def _diagnostic_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """A row per diagnostic configuration (label ending in ``(diagnostic)``): its ratio, no verdict."""
+    baseline, lines = rows[0], []
+    for row in rows:
+        if not row["label"].endswith("(diagnostic)"):
+            continue
+        meaning = next((text for words, text in DIAGNOSTICS.items() if words in row["label"]), "")
+        lines.append(f"| (diagnostic, not a target) {row['label'].removesuffix(' (diagnostic)')} | — "
+                     f"| {paired_ratio(row, baseline):.2f}× ({row['seconds']:.3f} s per round; per pair "
+                     f"{pair_median(row, baseline):.2f}×) | {meaning} |")
+    return lines
+
+
 def targets_table(rows_of: dict[str, list[dict[str, Any]]], reproduced: Optional[dict[str, Any]],
                   clients: int, large_clients: int) -> str:
     """The performance targets, each with its measured value and whether it is met."""
@@ -87,13 +108,7 @@ def targets_table(rows_of: dict[str, list[dict[str, Any]]], reproduced: Optional
     if f"simulation-{clients}-1" in rows_of:
         lines += _ratio_rows(rows_of[f"simulation-{clients}-1"], SIMULATION_TARGETS,
                              f"simulation, {clients} clients, 1 epoch")
-        rows = rows_of[f"simulation-{clients}-1"]
-        diagnostic = next((row for row in rows if row["label"].endswith("(diagnostic)")), None)
-        if diagnostic is not None:
-            ratio = paired_ratio(diagnostic, rows[0])
-            lines.append(f"| (diagnostic, not a target) `K = 2` with a `loss_fn` that runs no forward pass | — "
-                         f"| {ratio:.2f}× ({diagnostic['seconds']:.3f} s per round; per pair "
-                         f"{pair_median(diagnostic, rows[0]):.2f}×) | routing's cost apart from the K loss passes |")
+        lines += _diagnostic_rows(rows_of[f"simulation-{clients}-1"])
     if f"simulation-{large_clients}-1" in rows_of:
         lines += _ratio_rows(rows_of[f"simulation-{large_clients}-1"], LARGE_TARGETS,
                              f"simulation, {large_clients} clients, 5 % per round")
