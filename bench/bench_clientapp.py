@@ -32,7 +32,14 @@ from typing import Any, Callable
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-__all__ = ["client_app", "client_train", "client_evaluate", "process_start_time"]
+__all__ = ["client_app", "client_train", "client_evaluate", "process_start_time", "NO_LOSS", "FLOOR"]
+
+NO_LOSS = "routing-no-loss"
+"""Diagnostic strategy: ClusteredRouting whose ``loss_fn`` runs no forward pass (it returns 0.0, so every
+client's K losses tie): the cost of routing apart from the K loss passes."""
+FLOOR = "fedavg-losses"
+"""Diagnostic strategy: FedAvg whose handler also runs the user's ``loss_fn`` K times on the received model
+before training (as routing does on the K models), nothing of fedroute: the floor of routing's cost at K."""
 
 client_app = ClientApp()
 
@@ -92,14 +99,14 @@ def client_train(message: Message, context: Context) -> Message:
               learning_rate=float(config["learning-rate"]), seed=shuffle_seed)
 
     train_fn = _timed(train_fn, spent, "train")
-    if config["strategy"] == "routing-no-loss":  # the benchmark's diagnostic: no forward pass, all losses tie
+    if config["strategy"] == NO_LOSS:  # the benchmark's diagnostic: no forward pass, all losses tie
         loss_fn = _timed(lambda model: 0.0, spent, "loss")
     else:
         loss_fn = _timed(lambda model: mean_loss(model, data.train), spent, "loss")
     if not routing:  # FedAvg: the usual Flower handler
         model = DigitsCNN()
         model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-        if config["strategy"] == "fedavg-losses":  # the floor diagnostic: the K loss passes routing makes
+        if config["strategy"] == FLOOR:  # the floor diagnostic: the K loss passes routing makes
             model.eval()
             with torch.no_grad():
                 for _ in range(int(config["num-clusters"])):

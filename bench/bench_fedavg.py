@@ -56,8 +56,8 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from bench_clientapp import client_app, client_evaluate, client_train  # noqa: F401  (client_app: the app's)
-from ratios import paired_ratio
+from bench_clientapp import FLOOR, NO_LOSS, client_app, client_evaluate, client_train  # noqa: F401  (client_app: the app's)
+from ratios import pair_ratios_of, paired_ratio
 from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -78,14 +78,6 @@ APP_CONFIG = {
     "results-path": "",
 }
 LABELS = {"fedavg": "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round (Flower's default)"}
-NO_LOSS = "routing-no-loss"
-"""Diagnostic: ClusteredRouting whose ClientApp passes a ``loss_fn`` that runs no forward pass (it returns
-0.0, so every client's K losses tie): the cost of routing apart from the K loss passes."""
-FLOOR = "fedavg-losses"
-"""Diagnostic: FedAvg whose ClientApp also runs the user's ``loss_fn`` K times on the received model before
-training (as routing does on the K models), nothing of fedroute: the floor of routing's cost at K."""
-
-
 def label_of(strategy: str, num_clusters: int) -> str:
     """A configuration's name in the tables."""
     if strategy == NO_LOSS:
@@ -303,7 +295,7 @@ def summarise(runs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 def pair_ratios(row: dict[str, Any], baseline: dict[str, Any]) -> str:
     """``median (min–max)`` of the per-pair ratios: run ``i`` of ``row`` over run ``i`` of the baseline
     (interleaved runs: the pairs ran next to each other)."""
-    ratios = [a / b for a, b in zip(row["seconds_per_run"], baseline["seconds_per_run"])]
+    ratios = pair_ratios_of(row, baseline)
     if len(ratios) == 1:
         return f"{ratios[0]:.2f}"
     return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"

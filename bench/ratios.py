@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-__all__ = ["paired_ratio", "pair_median"]
+__all__ = ["paired_ratio", "pair_ratios_of", "pair_median"]
 
 
 def paired_ratio(row: dict[str, Any], baseline: dict[str, Any]) -> float:
@@ -25,6 +25,11 @@ def paired_ratio(row: dict[str, Any], baseline: dict[str, Any]) -> float:
     return statistics.fmean(runs) / statistics.fmean(baseline["seconds_per_run"][:len(runs)])
 
 
+def pair_ratios_of(row: dict[str, Any], baseline: dict[str, Any]) -> list[float]:
+    """The per-pair ratios: run ``i`` of ``row`` over run ``i`` of the baseline (the runs made next to it)."""
+    return [a / b for a, b in zip(row["seconds_per_run"], baseline["seconds_per_run"])]
+
+
 def pair_median(row: dict[str, Any], baseline: dict[str, Any]) -> float:
-    """Median of the per-pair ratios: run ``i`` of ``row`` over run ``i`` of the baseline."""
-    return statistics.median(a / b for a, b in zip(row["seconds_per_run"], baseline["seconds_per_run"]))
+    """Median of :func:`pair_ratios_of`."""
+    return statistics.median(pair_ratios_of(row, baseline))

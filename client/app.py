@@ -46,7 +46,7 @@ def _cluster_models(message: Message, num_clusters: int) -> tuple[np.ndarray, di
         {name: decode_array(array) for name, array in message.content[protocol.cluster_key(k)].items()}
         for k in range(num_clusters)
     ]
-    return np.stack([protocol.flatten_arrays(model) for model in arrays]), arrays[0]
+    return protocol.stack_flat(arrays), arrays[0]
 
 
 def _settings(config: dict[str, Any]) -> RoutingSettings:

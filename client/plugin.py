@@ -65,19 +65,12 @@ def _cluster_models(message: Message, num_clusters: int, client: TorchClient) ->
     missing = [protocol.cluster_key(k) for k in range(num_clusters) if protocol.cluster_key(k) not in records]
     if missing:
         raise ValueError(f"the message lacks the cluster models {missing} (records: {list(message.content)})")
-    template = {name: decode_array(array) for name, array in records[protocol.cluster_key(0)].items()}
-    client.check_template(template)
-    models = np.empty((num_clusters, client.num_parameters))
+    decoded = []
     for k in range(num_clusters):
-        arrays = template if k == 0 else {name: decode_array(array)
-                                          for name, array in records[protocol.cluster_key(k)].items()}
-        if k:
-            client.check_template(arrays)
-        offset = 0
-        for value in arrays.values():
-            models[k, offset:offset + value.size] = value.ravel()
-            offset += value.size
-    return models, template
+        arrays = {name: decode_array(array) for name, array in records[protocol.cluster_key(k)].items()}
+        client.check_template(arrays)
+        decoded.append(arrays)
+    return protocol.stack_flat(decoded), decoded[0]
 
 
 def _client_id(context: Context, client_id: Optional[int]) -> int:

@@ -37,7 +37,7 @@ from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.summary import run_summary
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
-from fedroute.strategies.records import array_record, arrays_of
+from fedroute.strategies.records import array_record
 
 __all__ = ["app", "make_strategy", "run_method"]
 
@@ -112,7 +112,7 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
                    evaluate_fn=None if round_models is None else _keep_round_models(round_models, strategy,
                                                                                        settings.task))
     wall = time.monotonic() - started
-    final = np.stack([protocol.flatten_arrays(model) for model in evaluated_models(strategy, settings.task)])
+    final = protocol.stack_flat(evaluated_models(strategy, settings.task))
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
     if evaluation:
