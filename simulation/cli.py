@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from fedroute.simulation.workers import AUTO, resolve_workers
+
 __all__ = ["main", "build_parser"]
 
 
@@ -177,17 +179,25 @@ def _reproduce(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"fedroute reproduce {args.experiment}: {error}", file=sys.stderr)
         return 2
+    try:
+        workers = resolve_workers(args.workers, bool(args.quick))
+    except ValueError as error:
+        print(f"fedroute reproduce: --{error}", file=sys.stderr)
+        return 2
+    automatic = args.workers == AUTO
     if not _reachable_ray_address(args):
         return 2
     for (experiment, name), config in zip(jobs, configs):
         label = experiment.output_name(name)
-        if not experiment.parallel and (getattr(args, "workers", 1) not in (None, 1) or args.ray_address):
+        if not experiment.parallel and (args.workers not in (AUTO, "1") or args.ray_address):
             print(f"{experiment.name} is one vectorised process: --workers and --ray-address are ignored",
                   file=sys.stderr)
         print(f"reproduce {label}: {experiment.title}", flush=True)
         started, out = time.perf_counter(), Path(args.out) / label
         try:
-            results, claims = run_experiment(experiment, config, out, args.workers or 1, args.ray_address, True)
+            results, claims = run_experiment(experiment, config, out,
+                                             1 if automatic and not experiment.auto_workers else workers,
+                                             args.ray_address, True)
         except InputError as error:
             print(f"fedroute reproduce {experiment.name}: {error}", file=sys.stderr)
             return 1
@@ -297,7 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--config", default=PAPER, metavar="NAME",
                            help=f"a named configuration (default {PAPER}: the paper's; written to "
                                 f"OUT/<experiment>-<name>)" + (f"; {named}" if named else ""))
-    reproduce.add_argument("--workers", type=int, default=1, help="parallel workers (results do not depend on it)")
+    reproduce.add_argument("--workers", default=AUTO, metavar="N", help="processes running chunks of runs (results "
+                           "do not depend on it); default auto: the CPUs this process may use (1 with --quick, "
+                           "and for gmm, whose chunks share cached fits)")
     reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
     reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "
                            "(csv, csv.gz, parquet); default $FEDROUTE_HOUSING_FILE, else the real download, "

@@ -69,7 +69,7 @@ def test_quick_run_writes_every_table_figure_claim_and_setting(name, reproduced)
 
 @pytest.mark.parametrize("name", ["linear", "housing"])
 def test_results_do_not_depend_on_workers(name, reproduced, tmp_path):
-    """Two local Ray workers (chunks finishing out of order; housing: the table's path reaches the workers) give
+    """Two local worker processes (chunks finishing out of order; housing: the table's path reaches the workers) give
     the tables of one process."""
     one = reproduced(name)
     args = ["--data-file", json.loads((one / "config.json").read_text())["data"]["data_file"]] if name == "housing" else []

@@ -523,8 +523,8 @@ def characters_claims(results: Results, config: CharactersExperimentConfig) -> l
 
 def _run(config: CharactersExperimentConfig, sweep: Sweep) -> Results:
     """The sweep of every method, the round-zero audit and the representative run."""
-    tables = [sweep([method_spec(method, config)], config.cells(method), dict(config.chunk_sizes)[method])
-              for method in config.methods]
+    tables = sweep.many([([method_spec(method, config)], config.cells(method), dict(config.chunk_sizes)[method])
+                         for method in config.methods])
     runs = pd.concat(tables, ignore_index=True)[list(RUNS_COLUMNS)]
     audit = round_zero_audit(config.alphas, config.data_seeds, task=CharactersTask(**config.task))
     rounds, representative = _representative_rounds(config, runs)

@@ -18,10 +18,9 @@ import json
 import math
 import resource
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Optional, Sequence, Union
 from typing import get_args, get_origin, get_type_hints
 
 import numpy as np
@@ -30,7 +29,8 @@ import pandas as pd
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import concatenate_clients
-from fedroute.simulation.sweep import SweepSpec, run_sweep
+from fedroute.simulation.sweep import SweepArgs, SweepSpec, run_sweeps
+from fedroute.simulation.workers import ChunkRunner
 from fedroute.strategies.aggregation import hard_update
 from fedroute.strategies.methods import method_settings
 
@@ -267,20 +267,24 @@ def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarr
 
 
 class Sweep:
-    """``sweep(specs, cells, chunk_size)``: :func:`~fedroute.simulation.sweep.run_sweep` with the runner's
-    workers, Ray address and progress; ``seconds`` times each method's sweeps."""
+    """``sweep(specs, cells, chunk_size)``: :func:`~fedroute.simulation.sweep.run_sweep` on the runner's workers
+    (``sweep.many([...])``: several sweeps whose chunks share the workers' queue); ``seconds`` adds up each
+    method's compute seconds (the sum over its chunks, wherever they ran).
 
-    def __init__(self, workers: int = 1, ray_address: Optional[str] = None, progress: bool = False) -> None:
-        self.workers, self.ray_address, self.progress = workers, ray_address, progress
+    ``workers`` / ``ray_address`` open a :class:`~fedroute.simulation.workers.ChunkRunner` per call, unless
+    ``runner`` (an open one, shared by all of an experiment's sweeps) is given."""
+
+    def __init__(self, workers: int = 1, ray_address: Optional[str] = None, progress: bool = False,
+                 runner: Optional[ChunkRunner] = None) -> None:
+        self.workers, self.ray_address, self.progress, self.runner = workers, ray_address, progress, runner
         self.seconds: dict[str, float] = {}
 
     def __call__(self, specs: Sequence[SweepSpec], cells: Sequence[dict[str, Any]], chunk_size: int) -> pd.DataFrame:
-        started = time.perf_counter()
-        table = run_sweep(specs, cells, chunk_size=chunk_size, workers=self.workers, ray_address=self.ray_address,
-                          progress=self.progress)
-        label = "+".join(dict.fromkeys(spec.method for spec in specs))
-        self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - started
-        return table
+        return self.many([(specs, cells, chunk_size)])[0]
+
+    def many(self, sweeps: Sequence[SweepArgs]) -> list[pd.DataFrame]:
+        """One table per ``(specs, cells, chunk_size)``, their chunks run together."""
+        return run_sweeps(sweeps, self.workers, self.ray_address, self.progress, self.runner, self.seconds)
 
 
 class Variant(NamedTuple):
@@ -308,6 +312,9 @@ class Experiment:
     """CLI arguments → config overrides (e.g. housing's ``--data-file``)."""
     parallel: bool = True
     """False: one process (``--workers`` / ``--ray-address`` are ignored)."""
+    auto_workers: bool = True
+    """False: ``--workers auto`` (the default) runs it in one process; ``--workers N`` still runs a pool (for
+    experiments whose chunks share costly per-task work, cached per process, that a pool would repeat)."""
 
     def configure(self, variant: str = PAPER, quick: bool = False, **overrides: Any) -> Any:
         """The configuration of a variant (``paper``: the paper's), quick or full, with overrides."""
@@ -332,33 +339,14 @@ def peak_memory_mb() -> float:
     return max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
 
 
-@contextmanager
-def _ray(workers: int, ray_address: Optional[str]) -> Iterator[None]:
-    """A local Ray with ``workers`` CPUs (or the cluster at ``ray_address``) for all of a run's sweeps."""
-    if workers <= 1 and ray_address is None:
-        yield
-        return
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=ray_address, num_cpus=None if ray_address else workers, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False)
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def run_experiment(experiment: Experiment, config: Any, out_dir: Union[str, Path], workers: int = 1,
                    ray_address: Optional[str] = None, progress: bool = False) -> tuple[Results, list[Claim]]:
     """Run an experiment and write its outputs into ``out_dir`` (module docstring); returns what it wrote.
 
     The results are a pure function of ``config``: ``workers`` and ``ray_address`` do not change them."""
     started = time.perf_counter()
-    sweep = Sweep(workers if experiment.parallel else 1, ray_address if experiment.parallel else None, progress)
-    with _ray(sweep.workers, sweep.ray_address):
+    with ChunkRunner(workers if experiment.parallel else 1, ray_address if experiment.parallel else None) as runner:
+        sweep = Sweep(progress=progress, runner=runner)
         results = experiment.run(config, sweep)
     claims = experiment.claims(results, config)
     out = Path(out_dir)
