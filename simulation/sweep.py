@@ -98,11 +98,9 @@ def run_sweeps(
 ) -> list[pd.DataFrame]:
     """Several sweeps whose chunks share one queue: one table per sweep (see :func:`run_sweep`).
 
-    Parallel, a job is one chunk of cells under every spec of its sweep (what
-    a task caches per cell serves all its methods: GMM's oracle fit, 75 % of
-    E5's CPU, is computed once); the jobs of all sweeps are submitted together,
-    the largest (cells × rounds) first, so that the workers stay busy to the
-    end.  The tables do not depend on any of it.
+    Parallel, a job is one chunk under one spec; the jobs of all sweeps are
+    submitted together, the largest (cells × rounds) first, so that the
+    workers stay busy to the end.  The tables do not depend on any of it.
 
     Parameters
     ----------
@@ -127,43 +125,30 @@ def run_sweeps(
             return run_sweeps(sweeps, progress=progress, runner=own, seconds=seconds)
     from tqdm.auto import tqdm
 
-    # Output order: per sweep, spec by spec, chunk by chunk.  A parallel job is one chunk of cells with every spec of
-    # its sweep, so that what a task caches per cell (e.g. GMM's initial draw and oracle fit) serves all the methods.
+    # Output order: per sweep, spec by spec, chunk by chunk; a parallel job is one (spec, chunk).
     slots = [(sweep_index, spec_index, chunk_index)
              for sweep_index, (specs, cells, chunk_size) in enumerate(sweeps)
              for spec_index in range(len(specs)) for chunk_index in range(len(chunked(cells, chunk_size)))]
     chunks = [chunked(cells, chunk_size) for _, cells, chunk_size in sweeps]
-    results: dict[tuple[int, int, int], pd.DataFrame] = {}
-    methods = "+".join(dict.fromkeys(spec.method for specs, _, _ in sweeps for spec in specs))
-    bar = tqdm(total=sum(sweeps[w][0][k].num_rounds for w, k, _ in slots), unit="round", disable=not progress,
-               file=sys.stderr, desc=methods if not runner.parallel else f"{methods} ({runner.kind})")
+    jobs = [(sweeps[w][0][k], chunks[w][c]) for w, k, c in slots]
+    methods = "+".join(dict.fromkeys(spec.method for spec, _ in jobs))
+    bar = tqdm(total=sum(spec.num_rounds for spec, _ in jobs), unit="round", disable=not progress, file=sys.stderr,
+               desc=methods if not runner.parallel else f"{methods} ({len(jobs)} chunks, {runner.kind})")
+    results: list[Optional[pd.DataFrame]] = [None] * len(jobs)
     if not runner.parallel:
-        for number, (sweep_index, spec_index, chunk_index) in enumerate(slots):
-            spec, chunk = sweeps[sweep_index][0][spec_index], chunks[sweep_index][chunk_index]
-            bar.set_description(f"{spec.method}, chunk {number + 1}/{len(slots)} ({len(chunk)} runs)", refresh=False)
-            table, spent = _run_chunk(spec, chunk, (lambda _: bar.update(1)) if progress else None)
-            results[sweep_index, spec_index, chunk_index] = table
+        for index, (spec, chunk) in enumerate(jobs):
+            bar.set_description(f"{spec.method}, chunk {index + 1}/{len(jobs)} ({len(chunk)} runs)", refresh=False)
+            results[index], spent = _run_chunk(spec, chunk, (lambda _: bar.update(1)) if progress else None)
             _add(seconds, spec.method, spent)
     else:
-        keys = [(w, c) for w in range(len(sweeps)) for c in range(len(chunks[w]))]
-        jobs = [(list(sweeps[w][0]), chunks[w][c]) for w, c in keys]
-        cost = [len(cells) * sum(spec.num_rounds for spec in specs) for specs, cells in jobs]
-        largest_first = sorted(range(len(jobs)), key=lambda i: -cost[i])
-        bar.set_description(f"{methods} ({len(jobs)} chunks, {runner.kind})", refresh=False)
-        for index, outcomes in runner.run(_run_chunk_of_every_spec, jobs, order=largest_first):
-            sweep_index, chunk_index = keys[index]
-            for spec_index, (spec, (table, spent)) in enumerate(zip(jobs[index][0], outcomes)):
-                results[sweep_index, spec_index, chunk_index] = table
-                _add(seconds, spec.method, spent)
-                bar.update(spec.num_rounds)
+        largest_first = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][1]) * jobs[i][0].num_rounds)
+        for index, (table, spent) in runner.run(_run_chunk, jobs, order=largest_first):
+            results[index] = table
+            _add(seconds, jobs[index][0].method, spent)
+            bar.update(jobs[index][0].num_rounds)
     bar.close()
-    return [pd.concat([results[slot] for slot in slots if slot[0] == sweep_index], ignore_index=True)
+    return [pd.concat([results[i] for i, slot in enumerate(slots) if slot[0] == sweep_index], ignore_index=True)
             for sweep_index in range(len(sweeps))]
-
-
-def _run_chunk_of_every_spec(specs: list[SweepSpec], cells: list[Cell]) -> list[tuple[pd.DataFrame, float]]:
-    """A parallel job: one chunk of cells under every spec, in this worker."""
-    return [_run_chunk(spec, cells) for spec in specs]
 
 
 def _add(seconds: Optional[dict[str, float]], method: str, spent: float) -> None:
