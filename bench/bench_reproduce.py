@@ -34,6 +34,9 @@ from typing import Any, Optional
 E5_OVER_E2_TARGET = 2.0
 LINEAR_DEFAULT = "linear-default"
 """The key of ``reproduce linear`` run with the default ``--workers auto``."""
+COMMANDS = {"linear": ("linear", "--workers", "1"), "gmm": ("gmm", "--workers", "1"), LINEAR_DEFAULT: ("linear",),
+            "characters": ("characters",)}
+"""Measurement key → ``fedroute reproduce`` arguments (before ``--out``)."""
 E4_TARGET_SECONDS = 300.0
 
 
@@ -66,8 +69,7 @@ def measure(repeats: int = 2, characters: bool = False, out: Optional[Path] = No
         for index, experiment in enumerate(plan, 1):
             before = _load()
             loads.append(os.getloadavg()[0])
-            name, extra = ("linear", ()) if experiment == LINEAR_DEFAULT else \
-                (experiment, ("--workers", "1") if experiment in ("linear", "gmm") else ())
+            name, *extra = COMMANDS[experiment]
             wall, cpu = timed_reproduce(name, Path(out or scratch), *extra)
             walls.setdefault(experiment, []).append(wall)
             cpus.setdefault(experiment, []).append(cpu)

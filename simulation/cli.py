@@ -180,24 +180,22 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"fedroute reproduce {args.experiment}: {error}", file=sys.stderr)
         return 2
     try:
-        workers = resolve_workers(args.workers, bool(args.quick))
+        asked = resolve_workers(args.workers, bool(args.quick))  # checked before anything runs
     except ValueError as error:
         print(f"fedroute reproduce: --{error}", file=sys.stderr)
         return 2
-    automatic = args.workers == AUTO
     if not _reachable_ray_address(args):
         return 2
     for (experiment, name), config in zip(jobs, configs):
         label = experiment.output_name(name)
-        if not experiment.parallel and (args.workers not in (AUTO, "1") or args.ray_address):
+        if not experiment.parallel and ((args.workers != AUTO and asked > 1) or args.ray_address):
             print(f"{experiment.name} is one vectorised process: --workers and --ray-address are ignored",
                   file=sys.stderr)
         print(f"reproduce {label}: {experiment.title}", flush=True)
         started, out = time.perf_counter(), Path(args.out) / label
         try:
-            results, claims = run_experiment(experiment, config, out,
-                                             1 if automatic and not experiment.auto_workers else workers,
-                                             args.ray_address, True)
+            workers = resolve_workers(args.workers, bool(args.quick), experiment.auto_workers)
+            results, claims = run_experiment(experiment, config, out, workers, args.ray_address, True)
         except InputError as error:
             print(f"fedroute reproduce {experiment.name}: {error}", file=sys.stderr)
             return 1

@@ -126,10 +126,9 @@ def run_sweeps(
     from tqdm.auto import tqdm
 
     # Output order: per sweep, spec by spec, chunk by chunk; a parallel job is one (spec, chunk).
-    slots = [(sweep_index, spec_index, chunk_index)
-             for sweep_index, (specs, cells, chunk_size) in enumerate(sweeps)
-             for spec_index in range(len(specs)) for chunk_index in range(len(chunked(cells, chunk_size)))]
     chunks = [chunked(cells, chunk_size) for _, cells, chunk_size in sweeps]
+    slots = [(sweep_index, spec_index, chunk_index) for sweep_index, (specs, _, _) in enumerate(sweeps)
+             for spec_index in range(len(specs)) for chunk_index in range(len(chunks[sweep_index]))]
     jobs = [(sweeps[w][0][k], chunks[w][c]) for w, k, c in slots]
     methods = "+".join(dict.fromkeys(spec.method for spec, _ in jobs))
     bar = tqdm(total=sum(spec.num_rounds for spec, _ in jobs), unit="round", disable=not progress, file=sys.stderr,

@@ -10,18 +10,19 @@ a run's draws depend only on its own seed, client, round and purpose.
   jobs itself (with per-round progress).
 * ``workers > 1``: a local pool of ``workers`` processes (``spawn``: no
   state is inherited, each worker imports what its jobs need), each with
-  **one** thread for OpenMP, BLAS and torch (as Ray gives its workers), unless
-  ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` say
-  otherwise: measured on the 2-core machine, two workers with numpy's default
-  BLAS threads made E5 (``reproduce gmm``) take 57 s instead of 41 s in one
-  process (89 s of CPU: threads spinning for a core).
+  **one** thread for OpenMP, BLAS and torch, unless ``OMP_NUM_THREADS`` /
+  ``OPENBLAS_NUM_THREADS`` / ``MKL_NUM_THREADS`` say otherwise: one process per
+  CPU, as Ray gives its workers, so that the workers do not oversubscribe the
+  cores (the torch kernels of :mod:`fedroute.tasks.characters` keep one thread
+  in one process for the same reason, measured there).
 * ``ray_address``: tasks of the existing Ray cluster there (its CPUs, however
   many machines), whatever ``workers`` says.
 
 :func:`resolve_workers` turns the command line's ``auto`` (the default) into a
-number: the CPUs this process may use for a full run, one for ``--quick``
-(a pool's start-up, ≈ 3 s per worker importing torch, costs more than the
-small version's seconds).
+number: the CPUs this process may use where a pool pays, else one — for
+``--quick`` (a pool's start-up, ≈ 3 s per worker importing torch, costs more
+than the small version's seconds) and for an experiment whose chunks share
+work cached per process (``Experiment.auto_workers = False``: GMM).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def resolve_workers(workers: Union[int, str, None], quick: bool = False) -> int:
-    """``workers`` as a number ≥ 1: ``auto``/``None`` → :func:`usable_cpus` (1 with ``quick``).
+def resolve_workers(workers: Union[int, str, None], quick: bool = False, pool_pays: bool = True) -> int:
+    """``workers`` as a number ≥ 1: ``auto``/``None`` → :func:`usable_cpus`, or 1 with ``quick`` or
+    without ``pool_pays`` (an experiment whose chunks share work cached per process); a number is kept.
 
     Raises
     ------
@@ -55,7 +57,7 @@ def resolve_workers(workers: Union[int, str, None], quick: bool = False) -> int:
         ``workers`` is neither ``auto`` nor an integer ≥ 1 (the message names the field).
     """
     if workers is None or workers == AUTO:
-        return 1 if quick else usable_cpus()
+        return 1 if quick or not pool_pays else usable_cpus()
     try:
         count = int(workers)
         if isinstance(workers, bool) or str(count) != str(workers).strip():

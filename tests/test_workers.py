@@ -78,6 +78,11 @@ def test_resolve_workers(value, quick, expected) -> None:
     assert resolve_workers(value, quick) == expected
 
 
+def test_auto_is_one_process_where_a_pool_does_not_pay() -> None:
+    assert resolve_workers(AUTO, pool_pays=False) == 1 and resolve_workers("3", pool_pays=False) == 3
+    assert resolve_workers(AUTO, quick=False, pool_pays=True) == usable_cpus()
+
+
 @pytest.mark.parametrize("value", [0, -2, "0", "two", "2.5", 2.5, True, ""])
 def test_bad_workers_are_rejected_naming_the_field(value) -> None:
     with pytest.raises(ValueError, match=r"workers = .* is invalid; allowed: 'auto' or an integer ≥ 1"):
