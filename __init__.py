@@ -3,8 +3,9 @@
 Each client learns online, with EXP3, which routing controller to use (Greedy,
 Rank Hedge, Reversal, Commitment, Selective hysteresis); a synchronized entry
 round reveals underused cluster models.  The routing rules are pure, vectorised
-functions (:mod:`fedroute.client`, :mod:`fedroute.strategies`) shared by the
-Flower runtime and the batched simulator (:mod:`fedroute.simulation`).
+functions (:mod:`fedroute.core`, which imports neither Flower nor torch) shared by
+the Flower runtime (:mod:`fedroute.client`, :mod:`fedroute.strategies`) and the
+batched simulator (:mod:`fedroute.simulation`).
 
 The public API (``docs/plugin.md``) adds clustered routing to an existing
 Flower app:
@@ -43,8 +44,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ClusteredRouting": "fedroute.strategies.clustered",
     "FedCAM": "fedroute.strategies.fedcam",
-    "RoutingSettings": "fedroute.client.settings",
-    "method_settings": "fedroute.strategies.methods",
+    "RoutingSettings": "fedroute.core.settings",
+    "method_settings": "fedroute.core.methods",
     "cluster_models_from_torch": "fedroute.client.torch_adapter",
     "cluster_models_to_torch": "fedroute.client.torch_adapter",
     "unpack_cluster_models": "fedroute.strategies.records",
@@ -56,13 +57,13 @@ _EXPORTS = {
 
 if _TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from fedroute.client.plugin import routing_evaluate, routing_query, routing_train
-    from fedroute.client.settings import RoutingSettings
+    from fedroute.core.settings import RoutingSettings
     from fedroute.client.torch_adapter import cluster_models_from_torch, cluster_models_to_torch
     from fedroute.monitoring.alarms import AlarmSettings
     from fedroute.strategies.records import unpack_cluster_models
     from fedroute.strategies.clustered import ClusteredRouting
     from fedroute.strategies.fedcam import FedCAM
-    from fedroute.strategies.methods import method_settings
+    from fedroute.core.methods import method_settings
 
 
 def __getattr__(name: str) -> object:

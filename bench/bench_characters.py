@@ -8,8 +8,8 @@ Run: ``python bench/bench_characters.py [--rounds 800] [--loop-rounds 5] [--loop
    2-core machine).
 2. **Per-client loop** (what a Flower ClientApp does, without the network): for
    ``--loop-runs`` runs of each method and ``--loop-rounds`` rounds, every client
-   calls :func:`fedroute.client.round.client_round` (FedCAM:
-   :func:`~fedroute.client.fedcam.fedcam_client_round`) on a batch of **one**
+   calls :func:`fedroute.core.client_step.client_round` (FedCAM:
+   :func:`~fedroute.core.fedcam.fedcam_client_round`) on a batch of **one**
    client, and the server aggregates per round.  The routes are checked against
    the batched simulator's on the same runs.  Its time per run-round is
    **extrapolated** to the grid's ``Σ_method runs · T`` run-rounds; that figure
@@ -26,9 +26,9 @@ from dataclasses import replace
 import numpy as np
 from tqdm import tqdm
 
-from fedroute.client.agent import AgentState
-from fedroute.client.fedcam import fedcam_client_round
-from fedroute.client.round import client_round, provisional_greedy_routes
+from fedroute.core.agent import AgentState
+from fedroute.core.fedcam import fedcam_client_round
+from fedroute.core.client_step import client_round, provisional_greedy_routes
 from fedroute.simulation.experiments.characters import (
     EXPERIMENT,
     CharactersExperimentConfig,
@@ -36,7 +36,7 @@ from fedroute.simulation.experiments.characters import (
     method_spec,
 )
 from fedroute.simulation.experiments.kit import Sweep
-from fedroute.strategies.aggregation import hard_update, routing_masses
+from fedroute.core.aggregation import hard_update, routing_masses
 from fedroute.tasks.characters import CharactersTask
 
 

@@ -517,7 +517,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedroute import protocol
-    from fedroute.strategies.aggregation import hard_update
+    from fedroute.core.aggregation import hard_update
     from fedroute.strategies.records import array_record, arrays_of
     from fedroute.strategies.validation import validate_train_reply
 

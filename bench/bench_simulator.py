@@ -2,7 +2,7 @@
 
 Run: ``python bench/bench_simulator.py [--runs 20] [--rounds 50]``.  Both sides run in
 this process, one after the other, on the same runs (EXP3 on the linear task, 80
-clients); the loop calls :func:`fedroute.client.round.client_round` on one client
+clients); the loop calls :func:`fedroute.core.client_step.client_round` on one client
 at a time (what a Flower ClientApp does) and aggregates per round.  Prints
 rounds/second of each and their ratio, and checks that both give the same routes.
 """
@@ -16,11 +16,11 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from fedroute.client.agent import AgentState
-from fedroute.client.round import client_round
+from fedroute.core.agent import AgentState
+from fedroute.core.client_step import client_round
 from fedroute.simulation.simulator import simulate_batch
-from fedroute.strategies.aggregation import hard_update, routing_masses
-from fedroute.strategies.methods import method_settings
+from fedroute.core.aggregation import hard_update, routing_masses
+from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
 
 

@@ -20,10 +20,10 @@ from flwr.clientapp import ClientApp
 
 from fedroute import protocol
 from fedroute.client.handlers import evaluation_losses, fedcam_reply, reply, routing_reply
-from fedroute.client.round import provisional_greedy_routes
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.client_step import provisional_greedy_routes
+from fedroute.core.settings import RoutingSettings
 from fedroute.strategies.records import decode_array
-from fedroute.tasks.base import ClientBatch
+from fedroute.core.task import ClientBatch
 from fedroute.tasks.registry import task_from_config
 
 __all__ = ["app"]

@@ -1,10 +1,10 @@
 """The replies of a routing client, shared by the built-in ClientApp and the plugin helpers.
 
 Both :mod:`fedroute.client.app` (our tasks) and :mod:`fedroute.client.plugin` (a
-user's torch model) decode a message into a :class:`~fedroute.tasks.base.ClientBatch`
+user's torch model) decode a message into a :class:`~fedroute.core.task.ClientBatch`
 of one client and the ``K`` flat models; from there the round is the same and
 lives here: controller state from ``Context.state`` (and the state directory),
-:func:`~fedroute.client.round.client_round`, and the reply schema of
+:func:`~fedroute.core.client_step.client_round`, and the reply schema of
 :mod:`fedroute.protocol`.
 """
 
@@ -16,12 +16,12 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedroute import protocol
-from fedroute.client.fedcam import fedcam_client_round, fedcam_losses
-from fedroute.client.round import client_round
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.fedcam import fedcam_client_round, fedcam_losses
+from fedroute.core.client_step import client_round
+from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.strategies.records import array_record
-from fedroute.tasks.base import ClientBatch
+from fedroute.core.task import ClientBatch
 
 __all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "num_examples_metric"]
 
@@ -92,7 +92,7 @@ def fedcam_reply(message: Message, config: dict[str, Any], clients: ClientBatch,
 def evaluation_losses(clients: ClientBatch, models: np.ndarray, global_model: Optional[np.ndarray],
                       split: str) -> np.ndarray:
     """The losses a controller-free evaluation reports, (n, K): of the ``K`` models, or — FedCAM, with
-    ``global_model`` — of the combined predictors (:func:`~fedroute.client.fedcam.fedcam_losses`)."""
+    ``global_model`` — of the combined predictors (:func:`~fedroute.core.fedcam.fedcam_losses`)."""
     if global_model is None:
         return clients.losses(models, split)
     return fedcam_losses(clients, global_model, models, split)

@@ -23,7 +23,7 @@ step (EXP3 arm choice, route sample, hysteresis episodes, entry test), trains
 the routed model with ``train_fn``, keeps the controller state in
 ``Context.state`` and builds the reply in the schema of :mod:`fedroute.protocol`
 (exactly what the built-in ClientApp :mod:`fedroute.client.app` sends).  The
-routing rules are those of :func:`fedroute.client.round.client_round`.
+routing rules are those of :func:`fedroute.core.client_step.client_round`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from flwr.app import Context, Message
 
 from fedroute import protocol
 from fedroute.client.handlers import evaluation_losses, fedcam_reply, num_examples_metric, reply, routing_reply
-from fedroute.client.round import provisional_greedy_routes
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.client_step import provisional_greedy_routes
+from fedroute.core.settings import RoutingSettings
 from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
 from fedroute.strategies.records import decode_array
 
@@ -165,7 +165,7 @@ def _global_part(message: Message, client: TorchClient) -> np.ndarray:
 def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient, models: np.ndarray,
                   template: dict[str, np.ndarray]) -> Message:
     """FedCAM on a user's module: the additive form (Greedy on ``Θ_glob + Θ_k``, the displacement split
-    between the parts; :mod:`fedroute.client.fedcam`)."""
+    between the parts; :mod:`fedroute.core.fedcam`)."""
     return fedcam_reply(message, config, client, models, template, _global_part(message, client))
 
 

@@ -32,8 +32,8 @@ from flwr.app import ConfigRecord, Context
 
 from fedroute import protocol
 from fedroute.atomic_files import atomic_write
-from fedroute.client.agent import AgentState
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.agent import AgentState
+from fedroute.core.settings import RoutingSettings
 
 __all__ = ["load_agent_state", "save_agent_state", "state_directory"]
 

@@ -1,4 +1,4 @@
-"""A user's torch model, data and training loop as a :class:`~fedroute.tasks.base.ClientBatch` of one client.
+"""A user's torch model, data and training loop as a :class:`~fedroute.core.task.ClientBatch` of one client.
 
 The routing core works on flat float64 parameter vectors (``(P,)``; ``K``
 models are ``(K, P)``).  :class:`TorchClient` converts between such a vector
@@ -159,8 +159,8 @@ def _layout(arrays: dict[str, NDArray]) -> list[tuple[str, tuple[int, ...], str]
 class TorchClient:
     """One client (a batch of one) backed by a torch module and the user's loss and training.
 
-    Implements the :class:`~fedroute.tasks.base.ClientBatch` protocol, so
-    :func:`fedroute.client.round.client_round` runs the whole routing round on
+    Implements the :class:`~fedroute.core.task.ClientBatch` protocol, so
+    :func:`fedroute.core.client_step.client_round` runs the whole routing round on
     it.  The module is a working buffer: every loss evaluation and local update
     first loads the model in question into it.  After :meth:`local_update`
     the module holds the last trained model.

@@ -418,7 +418,7 @@ def starvation_basin(initial_models: NDArray[np.floating], group_parameters: Opt
     theta = np.asarray(group_parameters, dtype=np.float64)
     if models.ndim != 2 or models.shape[0] != 2 or theta.shape != (2, models.shape[1]):
         return None
-    from fedroute.simulation.metrics import certified_starvation_basin
+    from fedroute.core.metrics import certified_starvation_basin
 
     return bool(certified_starvation_basin(models, theta, float(np.asarray(group_proportions)[0])))
 

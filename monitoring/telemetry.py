@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute import protocol
-from fedroute.client.controllers import CONTROLLER_IDS
+from fedroute.core.controllers import CONTROLLER_IDS
 
 __all__ = [
     "Column", "ROUND_COLUMNS", "CLIENT_COLUMNS", "ROUNDS_FILE", "CLIENTS_FILE", "NOT_REPORTED",

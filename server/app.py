@@ -29,7 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedroute import protocol
 from fedroute.atomic_files import atomic_write
-from fedroute.client.fedcam import initial_global_model, task_uses_output_sum
+from fedroute.core.fedcam import initial_global_model, task_uses_output_sum
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.server.results import summary_table, write_results, write_status

@@ -11,11 +11,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
-from fedroute.strategies.influence import AGGREGATION_RULES, InfluenceBounds
-from fedroute.strategies.methods import METHODS, PRESETS, method_settings
-from fedroute.tasks.base import Task
+from fedroute.core.influence import AGGREGATION_RULES, InfluenceBounds
+from fedroute.core.methods import METHODS, PRESETS, method_settings
+from fedroute.core.task import Task
 from fedroute.tasks.registry import task_from_config
 
 __all__ = ["RunSettings", "parse_run_config"]
@@ -54,7 +54,7 @@ _ROUTING_KEYS = {
 
 PRESET_CHOICES = ("auto", "generic", *PRESETS)
 """Values of the run-config key ``preset``: ``auto`` = the task's paper preset when the task
-is one of the paper's (:data:`~fedroute.strategies.methods.PRESETS`), else the generic
+is one of the paper's (:data:`~fedroute.core.methods.PRESETS`), else the generic
 default; ``generic`` = the generic default; a preset name = that paper configuration."""
 
 

@@ -1,7 +1,7 @@
 """FedCAM in the batched simulator (the same client function as the Flower client).
 
 What a FedCAM history records as the "cluster models" ``W^t`` depends on the form
-(:mod:`fedroute.client.fedcam`):
+(:mod:`fedroute.core.fedcam`):
 
 * additive form: the combined predictors ``Θ_glob + Θ_k`` (``(K, P)`` per run, so
   every metric of a routing method applies unchanged);
@@ -19,14 +19,14 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.fedcam import combined_models, fedcam_client_round, fedcam_losses, initial_global_model, \
+from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_losses, initial_global_model, \
     uses_output_sum
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.telemetry import ClientReplies, node_id_array
 from fedroute.simulation.simulator import BatchHistory, OnRound, SimulatedRound, changed_models, concatenate_clients, \
     kept_model_rounds
-from fedroute.strategies.aggregation import hard_update, routing_masses
-from fedroute.tasks.base import ClientBatch, Task
+from fedroute.core.aggregation import hard_update, routing_masses
+from fedroute.core.task import ClientBatch, Task
 
 __all__ = ["FedCAMClients", "FedCAMTask", "fedcam_pairs", "simulate_fedcam_batch"]
 
@@ -104,7 +104,7 @@ def simulate_fedcam_batch(
 ) -> BatchHistory:
     """Simulate FedCAM on ``R`` runs together.
 
-    ``Θ_glob`` starts at zero output (:func:`~fedroute.client.fedcam.initial_global_model`),
+    ``Θ_glob`` starts at zero output (:func:`~fedroute.core.fedcam.initial_global_model`),
     ``Θ_k`` at the task's initial cluster models.  The server averages ``Θ_glob`` over all
     clients and ``Θ_k`` over the clients assigned to ``k`` (sample weighted; an empty cluster
     keeps its model).  The recorded ``cluster_models`` are the combined predictors (additive

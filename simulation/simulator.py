@@ -3,9 +3,9 @@
 A batch of ``R`` runs is simulated as one federation whose client axis holds
 the ``R·n`` clients; client ``i`` of run ``r`` sees only run ``r``'s ``K``
 cluster models, masses and seed.  The client side of a round is
-:func:`fedroute.client.round.client_round`; the server side is
-:func:`fedroute.strategies.aggregation.hard_update` and
-:func:`~fedroute.strategies.aggregation.routing_masses` with a run index.
+:func:`fedroute.core.client_step.client_round`; the server side is
+:func:`fedroute.core.aggregation.hard_update` and
+:func:`~fedroute.core.aggregation.routing_masses` with a run index.
 This module only loops over rounds and records what the experiments need.
 """
 
@@ -18,13 +18,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.agent import AgentState
-from fedroute.client.exp3 import arm_probabilities
-from fedroute.client.round import client_round, provisional_greedy_routes
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.agent import AgentState
+from fedroute.core.exp3 import arm_probabilities
+from fedroute.core.client_step import client_round, provisional_greedy_routes
+from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.telemetry import ClientReplies, node_id_array
-from fedroute.strategies.aggregation import hard_update, routing_masses
-from fedroute.tasks.base import ClientBatch, Task
+from fedroute.core.aggregation import hard_update, routing_masses
+from fedroute.core.task import ClientBatch, Task
 
 __all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
            "recording", "changed_models", "kept_model_rounds"]

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.simulation import metrics
+from fedroute.core import metrics
 
 __all__ = ["run_summary", "RECOVERY_THRESHOLD"]
 

@@ -18,10 +18,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import pandas as pd
 
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.settings import RoutingSettings
 from fedroute.simulation.simulator import BatchHistory, simulate_batch
 from fedroute.simulation.workers import ChunkRunner
-from fedroute.tasks.base import Task
+from fedroute.core.task import Task
 
 __all__ = ["SweepSpec", "run_sweep", "run_sweeps", "chunked"]
 

@@ -25,13 +25,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from numpy.typing import NDArray
 
 from fedroute import protocol
-from fedroute.client.randomness import Purpose, generator
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.monitoring.telemetry import ClientReplies, short_reason
-from fedroute.strategies.aggregation import routing_masses
+from fedroute.core.aggregation import routing_masses
 from fedroute.strategies.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
@@ -41,7 +41,7 @@ from fedroute.strategies.checkpoint import (
     stored_masses,
 )
 from fedroute.strategies.identity import ClientBindings, IdentityRejected
-from fedroute.strategies.influence import InfluenceBounds, aggregate_round, capped_weights
+from fedroute.core.influence import InfluenceBounds, aggregate_round, capped_weights
 from fedroute.strategies.records import array_record, arrays_of, pack_cluster_records, unpack_cluster_models
 from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.results import (
@@ -118,7 +118,7 @@ class ClusteredRouting(Strategy):
         Seconds between progress lines (round, ETA, masses) at INFO; ``None`` for none.
     influence : InfluenceBounds, optional
         How much one reply may move a cluster model and the masses (sample-weight
-        cap, update-norm bound, robust rule; :mod:`fedroute.strategies.influence`).
+        cap, update-norm bound, robust rule; :mod:`fedroute.core.influence`).
         Default: ``InfluenceBounds()`` (weights capped at 4 × the round's median).
 
     Replies are checked (:mod:`~fedroute.strategies.validation`), and a client id

@@ -8,7 +8,7 @@ and to evaluation with the losses of its combined predictors
 ``h(x; Θ_glob) + f(x; Θ_k)``.  ``Θ_k`` is averaged over the clients assigned to
 ``k`` (the hard update), ``Θ_glob`` over all valid replies.  The client decides
 the form (output sum of two networks, or the additive parameter sum for models
-linear in their parameters): :mod:`fedroute.client.fedcam`.
+linear in their parameters): :mod:`fedroute.core.fedcam`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from fedroute import protocol
 from fedroute.strategies.clustered import ClusteredRouting
-from fedroute.strategies.influence import aggregate_round
+from fedroute.core.influence import aggregate_round
 from fedroute.strategies.records import array_record
 from fedroute.strategies.validation import TrainReply, validate_model_record
 

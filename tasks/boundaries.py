@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.randomness import Purpose, generator
-from fedroute.tasks.base import checked_client_ids, validate_task_settings
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.task import checked_client_ids, validate_task_settings
 from fedroute.tasks.characters import CharactersClients, _init_parameters, client_batch, mlp_num_parameters, \
     zero_output_layer
 

@@ -158,8 +158,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.randomness import Purpose, generator
-from fedroute.tasks.base import checked_client_ids
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.task import checked_client_ids
 
 __all__ = [
     "ALPHAS",
@@ -373,7 +373,7 @@ class CharactersClients:
         """FedCAM's output-sum form: mean cross-entropy of the summed logits ``h(x; Θ_glob) + f(x; Θ_k)``.
 
         ``global_models`` is ``(P,)`` or ``(n, P)``, ``cluster_models`` ``(K, P)`` or ``(n, K, P)``;
-        returns (n, K), float32 arithmetic (see :class:`fedroute.client.fedcam.OutputSumClients`).
+        returns (n, K), float32 arithmetic (see :class:`fedroute.core.fedcam.OutputSumClients`).
         """
         n = len(self.client_ids)
         clusters = np.asarray(cluster_models, dtype=np.float32)
@@ -500,7 +500,7 @@ class CharactersClients:
         client_index: NDArray[np.int64], round_index: int,
     ) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         """FedCAM's output-sum form: ``E`` joint SGD steps on ``(Θ_glob, Θ_k)`` of the loss of the summed
-        logits, each part with learning rate ``η_loc / 2`` (:class:`fedroute.client.fedcam.OutputSumClients`)."""
+        logits, each part with learning rate ``η_loc / 2`` (:class:`fedroute.core.fedcam.OutputSumClients`)."""
         torch = _torch()
         client_index = np.asarray(client_index, dtype=np.int64)
         glob = self._trainable(torch, global_models, client_index)
@@ -839,7 +839,7 @@ def round_zero_audit(
     """
     import pandas as pd
 
-    from fedroute.simulation.metrics import round_zero_attraction
+    from fedroute.core.metrics import round_zero_attraction
 
     task = CharactersTask() if task is None else task
     rows = []
@@ -869,7 +869,7 @@ def calibrate_entry_threshold(
     For every ``(data seed, α)`` and every client, the benefit of the candidate
     cluster (``c = 1``, the interpolated specialist, whose provisional mass is 0
     when every client prefers cluster 0) is computed with
-    :func:`fedroute.client.entry.entry_benefits` and the task's own local
+    :func:`fedroute.core.entry.entry_benefits` and the task's own local
     update, with each client's reference model ``w_r`` its Greedy choice at
     ``W^0`` (clients whose Greedy choice is the candidate itself are not probed).
 
@@ -901,7 +901,7 @@ def calibrate_entry_threshold(
     """
     import pandas as pd
 
-    from fedroute.client.entry import entry_benefits
+    from fedroute.core.entry import entry_benefits
 
     task = CharactersTask() if task is None else task
     records = []

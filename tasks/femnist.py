@@ -52,7 +52,7 @@ from typing import Any, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.randomness import Purpose, generator
+from fedroute.core.randomness import Purpose, generator
 from fedroute.tasks.characters import TransformedCharactersTask, rotate_classes
 
 __all__ = ["FEMNIST_DATASET", "FemnistTask", "load_writers"]

@@ -87,8 +87,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.randomness import Purpose, generator
-from fedroute.tasks.base import checked_client_ids
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.task import checked_client_ids
 
 __all__ = ["ENTRANCES", "GMMTask", "GMMClients", "cross_entropy", "fit_logistic_regression", "fit_logistic_regressions",
            "group_oracle_fit"]

@@ -99,8 +99,8 @@ from numpy.typing import NDArray
 if TYPE_CHECKING:  # pandas is imported where a table is read: clients never need it
     import pandas as pd
 
-from fedroute.client.randomness import Purpose, generator
-from fedroute.tasks.base import checked_client_ids
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.task import checked_client_ids
 
 __all__ = [
     "FEATURES",

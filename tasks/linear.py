@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.randomness import Purpose, generator
-from fedroute.tasks.base import checked_client_ids
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.task import checked_client_ids
 
 __all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Mapping
 
-from fedroute.tasks.base import Task
+from fedroute.core.task import Task
 
 __all__ = ["TASKS", "TASK_KEYS", "task_class", "task_from_config"]
 

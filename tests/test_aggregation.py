@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from fedroute import protocol
-from fedroute.strategies import aggregation
-from fedroute.strategies.aggregation import cluster_route_counts, hard_update, routing_masses
+from fedroute.core import aggregation
+from fedroute.core.aggregation import cluster_route_counts, hard_update, routing_masses
 
 
 def test_hard_update_is_sample_weighted_per_cluster():

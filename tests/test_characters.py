@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedroute.client.randomness import Purpose, generator
+from fedroute.core.randomness import Purpose, generator
 from fedroute.simulation.simulator import concatenate_clients, simulate, simulate_batch
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.characters import (
     ALPHAS,
     ENTRY_THRESHOLD,

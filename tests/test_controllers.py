@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedroute.client import controllers as ctl
+from fedroute.core import controllers as ctl
 
 
 # ------------------------------------------------------------------ greedy --

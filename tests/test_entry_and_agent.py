@@ -11,9 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedroute.client.agent import CONTROLLER_INDEX, AgentState, agent_step
-from fedroute.client.entry import entry_benefits, entry_candidates, entry_decision
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.agent import CONTROLLER_INDEX, AgentState, agent_step
+from fedroute.core.entry import entry_benefits, entry_candidates, entry_decision
+from fedroute.core.settings import RoutingSettings
 
 GR, RH, HYS = CONTROLLER_INDEX["gr"], CONTROLLER_INDEX["rh"], CONTROLLER_INDEX["hys"]
 OFF = -1000.0  # log-weight of an arm that must never be drawn

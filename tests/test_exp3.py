@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from fedroute.client.exp3 import (
+from fedroute.core.exp3 import (
     arm_probabilities,
     expected_route_loss,
     importance_weighted_update,

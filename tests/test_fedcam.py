@@ -11,10 +11,10 @@ import numpy as np
 import torch
 from test_plugin import InProcessGrid, task_identity  # noqa: F401 (the in-process Flower grid and its fixture)
 
-from fedroute.client.fedcam import combined_models, fedcam_client_round, task_uses_output_sum, uses_output_sum
+from fedroute.core.fedcam import combined_models, fedcam_client_round, task_uses_output_sum, uses_output_sum
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
-from fedroute.simulation.metrics import recovery_error
-from fedroute.strategies.methods import method_settings
+from fedroute.core.metrics import recovery_error
+from fedroute.core.methods import method_settings
 from fedroute.tasks.characters import CharactersTask, mlp_forward
 from fedroute.tasks.linear import LinearTask
 

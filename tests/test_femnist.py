@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedroute.client.randomness import Purpose, generator
+from fedroute.core.randomness import Purpose, generator
 from fedroute.tasks.characters import mlp_num_parameters
 from fedroute.tasks import femnist
 from fedroute.tasks.femnist import FemnistTask, load_writers

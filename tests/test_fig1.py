@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.client.randomness import Purpose, generator
+from fedroute.core.randomness import Purpose, generator
 from fedroute.simulation.experiments.fig1 import (
     FREQUENCIES, RUNS_COLUMNS, SUMMARY_COLUMNS, Fig1Config, fig1_claims, run_fig1)
 from fedroute.simulation.population import greedy_population_dynamics
-from fedroute.simulation.metrics import (
+from fedroute.core.metrics import (
     certified_starvation_basin,
     common_preferred_cluster,
     persistent_collapse,

@@ -21,7 +21,7 @@ import pandas as pd
 
 from fedroute.server.launcher import run_flower_app
 from fedroute.server.run_config import parse_run_config
-from fedroute.simulation.metrics import recovery_error
+from fedroute.core.metrics import recovery_error
 from fedroute.simulation.simulator import simulate
 from fedroute.simulation.summary import RECOVERY_THRESHOLD
 

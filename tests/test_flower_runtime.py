@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.client.controllers import COMMITMENT, CONTROLLER_IDS, REVERSAL
+from fedroute.core.controllers import COMMITMENT, CONTROLLER_IDS, REVERSAL
 from fedroute.server.launcher import run_flower_app
 from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.fedcam import simulate_fedcam_batch

@@ -11,13 +11,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedroute.client import controllers as ctl
-from fedroute.client.agent import CONTROLLER_INDEX, AgentState, agent_step
-from fedroute.client.entry import entry_benefits, entry_candidates
-from fedroute.client.randomness import Purpose, uniform
-from fedroute.client.round import client_round, provisional_greedy_routes
-from fedroute.client.settings import RoutingSettings
-from fedroute.strategies.methods import GENERIC_DEFAULTS, PRESETS, method_settings
+from fedroute.core import controllers as ctl
+from fedroute.core.agent import CONTROLLER_INDEX, AgentState, agent_step
+from fedroute.core.entry import entry_benefits, entry_candidates
+from fedroute.core.randomness import Purpose, uniform
+from fedroute.core.client_step import client_round, provisional_greedy_routes
+from fedroute.core.settings import RoutingSettings
+from fedroute.core.methods import GENERIC_DEFAULTS, PRESETS, method_settings
 
 GR, RH = CONTROLLER_INDEX["gr"], CONTROLLER_INDEX["rh"]
 

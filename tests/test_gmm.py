@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedroute.simulation.simulator import simulate
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.gmm import GMMTask, cross_entropy, fit_logistic_regression, fit_logistic_regressions
 
 

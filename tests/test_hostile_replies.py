@@ -56,13 +56,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fedroute import protocol
-from fedroute.client.controllers import CONTROLLER_IDS
-from fedroute.client.settings import EXP3_MODES, RoutingSettings
+from fedroute.core.controllers import CONTROLLER_IDS
+from fedroute.core.settings import EXP3_MODES, RoutingSettings
 from fedroute.server.run_config import parse_run_config
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
-from fedroute.strategies.influence import InfluenceBounds
-from fedroute.strategies.methods import METHODS
+from fedroute.core.influence import InfluenceBounds
+from fedroute.core.methods import METHODS
 from fedroute.strategies.records import unpack_cluster_models
 from fedroute.strategies.validation import MIN_NUM_EXAMPLES
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.client.randomness import Purpose, generator
+from fedroute.core.randomness import Purpose, generator
 from fedroute.tasks import housing
 from fedroute.tasks.housing import (
     COLUMNS,
@@ -328,7 +328,7 @@ def test_initial_centre_is_u_bar(generated: dict) -> None:
 
 def test_runs_of_different_seeds_batch_in_the_simulator(generated: dict) -> None:
     from fedroute.simulation.simulator import concatenate_clients, simulate, simulate_batch
-    from fedroute.strategies.methods import method_settings
+    from fedroute.core.methods import method_settings
 
     tasks = [HousingTask(num_clients=7, seed=seed, learning_rate=0.01, data_file=str(generated["csv_gz"]))
              for seed in (SEED, SEED + 1)]

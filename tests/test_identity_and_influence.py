@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.settings import RoutingSettings
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
-from fedroute.strategies.influence import (
+from fedroute.core.influence import (
     DEFAULT_MAX_WEIGHT_RATIO,
     InfluenceBounds,
     aggregate_round,

@@ -9,7 +9,7 @@ import pytest
 
 from fedroute.simulation.experiments.linear import LinearExperimentConfig, make_linear_task
 from fedroute.simulation.simulator import simulate_batch
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 
 QUICK = LinearExperimentConfig.quick()
 

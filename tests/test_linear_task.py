@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedroute.simulation.metrics import certified_starvation_basin, common_preferred_cluster
+from fedroute.core.metrics import certified_starvation_basin, common_preferred_cluster
 from fedroute.tasks.linear import LinearTask
 
 

@@ -1,9 +1,9 @@
-"""Tests of fedroute.simulation.metrics on hand-made cases (expected values by hand)."""
+"""Tests of fedroute.core.metrics on hand-made cases (expected values by hand)."""
 
 import numpy as np
 import pytest
 
-from fedroute.simulation import metrics
+from fedroute.core import metrics
 
 # Two groups in the plane: theta_0 = (0, 0), theta_1 = (2, 0).
 THETA = np.array([[0.0, 0.0], [2.0, 0.0]])

@@ -19,7 +19,7 @@ from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.cli import main
 from fedroute.simulation.recorded import simulate_run
 from fedroute.simulation.simulator import recording, simulate
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
 
 TASK = LinearTask(num_clients=10, init="collapsed", seed=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedroute.strategies.clustered import ClusteredRouting
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 
 
 class FakeGrid:

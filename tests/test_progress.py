@@ -14,7 +14,7 @@ from fedroute.monitoring.recorder import RunRecorder
 from fedroute.server.launcher import echo_line, resolve_run_config
 from fedroute.simulation.cli import main
 from fedroute.simulation.simulator import recording, simulate
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
 
 

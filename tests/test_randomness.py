@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedroute.client.randomness import Purpose, categorical, generator, uniform
+from fedroute.core.randomness import Purpose, categorical, generator, uniform
 
 
 def test_uniform_is_the_same_alone_or_in_a_batch():

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedroute.client.agent import AgentState
-from fedroute.client.round import client_round
+from fedroute.core.agent import AgentState
+from fedroute.core.client_step import client_round
 from fedroute.client.state_store import load_agent_state, save_agent_state
 from fedroute.server.launcher import run_flower_app
 from fedroute.strategies.checkpoint import load_checkpoint, save_checkpoint
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
 
 

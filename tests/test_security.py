@@ -37,17 +37,17 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedroute import protocol
-from fedroute.client.agent import AgentState
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.agent import AgentState
+from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state
 from fedroute.server.results import write_results
 from fedroute.server.run_config import parse_run_config
-from fedroute.strategies.aggregation import hard_update_checked
+from fedroute.core.aggregation import hard_update_checked
 from fedroute.strategies.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
-from fedroute.strategies.influence import DEFAULT_MAX_WEIGHT_RATIO
-from fedroute.strategies.methods import method_settings
+from fedroute.core.influence import DEFAULT_MAX_WEIGHT_RATIO
+from fedroute.core.methods import method_settings
 from fedroute.strategies.rejections import MAX_RECORDED_PER_ROUND
 from fedroute.strategies.validation import ReplyRejected, validate_train_reply
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from fedroute.client.settings import RoutingSettings
-from fedroute.strategies.methods import method_settings
+from fedroute.core.settings import RoutingSettings
+from fedroute.core.methods import method_settings
 
 
 @pytest.mark.parametrize("changes, field", [

@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.settings import RoutingSettings
 from fedroute.server.launcher import run_flower_app
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate

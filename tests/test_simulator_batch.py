@@ -8,7 +8,7 @@ import pytest
 
 from fedroute.simulation.simulator import simulate, simulate_batch
 from fedroute.simulation.sweep import SweepSpec, chunked, run_sweep
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
 
 

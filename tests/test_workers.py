@@ -12,7 +12,7 @@ from fedroute.simulation import cli
 from fedroute.simulation.experiments.kit import Sweep
 from fedroute.simulation.sweep import SweepSpec, run_sweep, run_sweeps
 from fedroute.simulation.workers import AUTO, ChunkRunner, resolve_workers, usable_cpus
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
 
 

@@ -36,12 +36,12 @@ from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, by_value, claim, not_run, number,
     register, simulate_fedcam, task_settings)
 from fedroute.simulation.fedcam import FedCAMTask
-from fedroute.simulation.metrics import (
+from fedroute.core.metrics import (
     assignment_accuracy, femnist_recovery_levels, group_routing_matrix, usable_models)
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory, concatenate_clients, simulate_batch
 from fedroute.simulation.sweep import SweepSpec
-from fedroute.strategies.methods import method_settings
+from fedroute.core.methods import method_settings
 from fedroute.tasks.characters import ALPHAS, AUDIT_SEEDS, ENTRY_THRESHOLD, CharactersTask, round_zero_audit
 
 __all__ = ["CharactersExperimentConfig", "METHODS", "RUNS_COLUMNS", "RECOVERY_COLUMNS", "ROUNDS_COLUMNS",

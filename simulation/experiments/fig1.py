@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.client.randomness import Purpose, generator
+from fedroute.core.randomness import Purpose, generator
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, Sweep, claim, number, register)
-from fedroute.simulation.metrics import (
+from fedroute.core.metrics import (
     certified_starvation_basin, common_preferred_cluster, persistent_collapse, recovery_error)
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.population import greedy_population_dynamics

@@ -31,8 +31,8 @@ from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepArgs, SweepSpec, run_sweeps
 from fedroute.simulation.workers import ChunkRunner
-from fedroute.strategies.aggregation import hard_update
-from fedroute.strategies.methods import method_settings
+from fedroute.core.aggregation import hard_update
+from fedroute.core.methods import method_settings
 
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
            "register",
@@ -169,7 +169,7 @@ def simulate_fedcam(tasks: Sequence[Any], settings: Any, num_rounds: int, seeds:
 
 def method_spec(method: str, preset: str, num_rounds: int, make_task: Callable, reduce: Callable,
                 **overrides: Any) -> SweepSpec:
-    """A method of :mod:`fedroute.strategies.methods` with the task preset's routing as a sweep spec
+    """A method of :mod:`fedroute.core.methods` with the task preset's routing as a sweep spec
     (FedCAM with its own simulator)."""
     spec = SweepSpec(method=method, settings=method_settings(method, preset=preset, **overrides),
                      num_rounds=num_rounds, make_task=make_task, reduce=reduce)

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 from fedroute.simulation.experiments.kit import (
     Experiment, MethodSweepConfig, Results, RunLosses, Sweep, by_value, claim, greedy_of_cell, not_run, number,
     register)
-from fedroute.simulation.metrics import (
+from fedroute.core.metrics import (
     assignment_accuracy, certified_starvation_basin, common_preferred_cluster, composition, group_routing_matrix,
     persistent_collapse, recovery_error, routed_loss, usable_models, weak_cluster_mass)
 from fedroute.simulation.plotting import Panel

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from fedroute.simulation.experiments.kit import (
     MethodSweepConfig, Results, RunLosses, Sweep, greedy_of_cell, train_groups_alone)
-from fedroute.simulation.metrics import (
+from fedroute.core.metrics import (
     assignment_accuracy, greedy_choices, group_routing_matrix, persistent_collapse, recovery_error, routed_loss,
     usable_models)
 from fedroute.simulation.plotting import Panel

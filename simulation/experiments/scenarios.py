@@ -28,19 +28,19 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from fedroute.client.fedcam import task_uses_output_sum
-from fedroute.client.randomness import Purpose, generator
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.fedcam import task_uses_output_sum
+from fedroute.core.randomness import Purpose, generator
+from fedroute.core.settings import RoutingSettings
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, claim, greedy_of_cell, number, register,
     simulate_fedcam, train_groups_alone)
 from fedroute.simulation.fedcam import FedCAMTask
-from fedroute.simulation.metrics import assignment_accuracy, routed_loss, usable_models
+from fedroute.core.metrics import assignment_accuracy, routed_loss, usable_models
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory, simulate_batch
 from fedroute.simulation.sweep import SweepSpec
-from fedroute.strategies.methods import METHODS, method_settings
-from fedroute.tasks.base import Task
+from fedroute.core.methods import METHODS, method_settings
+from fedroute.core.task import Task
 from fedroute.tasks.boundaries import BoundariesTask
 from fedroute.tasks.collinear import CollinearTask
 from fedroute.tasks.digit_rotations import DigitRotationsTask
@@ -335,7 +335,7 @@ class ScenarioConfig(ExperimentConfig):
         The evaluation seeds are ``first_seed … first_seed + seeds − 1`` (0; the development
         seeds of the study start at :data:`DEV_FIRST_SEED`).
     methods : tuple of str
-        Run names; each is a method of :data:`~fedroute.strategies.methods.METHODS` (its
+        Run names; each is a method of :data:`~fedroute.core.methods.METHODS` (its
         generic default) or a key of ``variants``.  Must include ``greedy``.
     variants : dict
         Extra run names → ``method_settings("exp3", **overrides)`` (the study).

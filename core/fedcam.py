@@ -33,8 +33,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.controllers import greedy_routes
-from fedroute.tasks.base import ClientBatch
+from fedroute.core.controllers import greedy_routes
+from fedroute.core.task import ClientBatch
 
 __all__ = [
     "FedCAMRound",

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import replace
 from typing import Any, Optional
 
-from fedroute.client.settings import RoutingSettings
+from fedroute.core.settings import RoutingSettings
 
 __all__ = ["METHODS", "PRESETS", "PRESET_CONTROLLERS", "TASK_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings"]
 

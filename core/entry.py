@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.settings import INCLUSIVE_SLACK
+from fedroute.core.settings import INCLUSIVE_SLACK
 
 __all__ = ["LocalUpdate", "underused_clusters", "entry_candidates", "entry_benefits", "entry_decision"]
 
@@ -29,7 +29,7 @@ task's local training applied to model row ``j`` on client ``client_index[j]``."
 def underused_clusters(masses: NDArray[np.float64], mass_threshold: float, inclusive: bool = False
                        ) -> NDArray[np.bool_]:
     """Which clusters are underused: ``μ_k < threshold``, or ``μ_k ≤ threshold`` (plus
-    :data:`~fedroute.client.settings.INCLUSIVE_SLACK`) when ``inclusive``; same shape as ``masses``."""
+    :data:`~fedroute.core.settings.INCLUSIVE_SLACK`) when ``inclusive``; same shape as ``masses``."""
     masses = np.asarray(masses, dtype=np.float64)
     return masses <= mass_threshold + INCLUSIVE_SLACK if inclusive else masses < mass_threshold
 
@@ -50,7 +50,7 @@ def entry_candidates(
     mass_threshold : float
         The underused mass (``RoutingSettings.underused_mass``).
     inclusive : bool, default False
-        Underused is ``μ_k ≤ threshold`` (plus :data:`~fedroute.client.settings.INCLUSIVE_SLACK`)
+        Underused is ``μ_k ≤ threshold`` (plus :data:`~fedroute.core.settings.INCLUSIVE_SLACK`)
         instead of ``μ_k < threshold``.
     max_candidates : int, default 0
         Keep at most this many candidates per client (``0`` = all): the

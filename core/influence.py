@@ -20,8 +20,8 @@ alike) before the hard update:
 2. **Update-norm bound** (optional): ``w_i − W_k`` (the reply minus the model
    it was trained from) is scaled down to at most ``max_update_norm`` in L2.
 3. **Robust rule** (optional): per cluster, the coordinate-wise median or the
-   trimmed mean (Flower's ``FedTrimmedAvg`` maths,
-   :func:`flwr.serverapp.strategy.fedtrimmedavg.trim_mean`) of the replies
+   trimmed mean (Flower's ``FedTrimmedAvg`` maths: :func:`trim_mean`, the same
+   operations as ``flwr.serverapp.strategy.fedtrimmedavg.trim_mean``) of the replies
    instead of the weighted mean.  Both ignore the sample weights (as Flower's
    ``FedMedian``/``FedTrimmedAvg`` do).  With at least two honest replies in a
    cluster the median stays within their coordinate range; the trimmed mean
@@ -38,13 +38,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
-from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from numpy.typing import NDArray
 
-from fedroute.strategies.aggregation import hard_update_checked, routing_masses
+from fedroute.core.aggregation import hard_update_checked, routing_masses
 
 __all__ = ["InfluenceBounds", "AGGREGATION_RULES", "DEFAULT_MAX_WEIGHT_RATIO", "RoundAggregate",
-           "capped_weights", "clip_updates", "robust_update", "aggregate_round"]
+           "capped_weights", "trim_mean", "clip_updates", "robust_update", "aggregate_round"]
 
 AGGREGATION_RULES = ("weighted-mean", "median", "trimmed-mean")
 """``weighted-mean``: the paper's hard update (FedAvg per cluster); ``median``:
@@ -104,6 +103,21 @@ class InfluenceBounds:
         return values
 
 
+def trim_mean(array: NDArray[np.floating], cut_fraction: float) -> NDArray[np.floating]:
+    """Coordinate-wise mean along axis 0 without the ``⌊β·m⌋`` smallest and largest values.
+
+    The operations of Flower's ``FedTrimmedAvg`` (``flwr.serverapp.strategy.fedtrimmedavg.trim_mean``,
+    itself SciPy's ``trim_mean``), written here so that :mod:`fedroute.core` imports no Flower;
+    ``tests/test_identity_and_influence.py`` checks that both give the same values.
+    """
+    if not 0.0 <= cut_fraction < 0.5:
+        raise ValueError(f"trim_fraction = {cut_fraction!r} is invalid; allowed: a number in [0, 0.5)")
+    count = array.shape[0]
+    lower = int(cut_fraction * count)
+    upper = count - lower
+    return np.mean(np.partition(array, (lower, upper - 1), axis=0)[lower:upper], axis=0)
+
+
 def capped_weights(num_examples: NDArray[np.floating], max_ratio: float) -> NDArray[np.float64]:
     """``min(n_i, c · m)`` with ``m`` the lower median of the round's ``n`` (the ``⌊(m-1)/2⌋``-th smallest).
 
@@ -144,7 +158,7 @@ def robust_update(cluster_models: NDArray[np.floating], client_models: NDArray[n
                   ) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
     """Per cluster, the coordinate-wise median or trimmed mean of its replies (unweighted).
 
-    Same contract as :func:`~fedroute.strategies.aggregation.hard_update_checked`:
+    Same contract as :func:`~fedroute.core.aggregation.hard_update_checked`:
     a cluster nobody routed to is kept, and so is one whose aggregate is not finite.
     """
     if rule not in ("median", "trimmed-mean"):

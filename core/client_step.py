@@ -13,12 +13,12 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client.agent import AgentState, RoundDecision, agent_step
-from fedroute.client.controllers import greedy_routes
-from fedroute.client.entry import entry_benefits
-from fedroute.client.randomness import Purpose, uniform
-from fedroute.client.settings import RoutingSettings
-from fedroute.tasks.base import ClientBatch
+from fedroute.core.agent import AgentState, RoundDecision, agent_step
+from fedroute.core.controllers import greedy_routes
+from fedroute.core.entry import entry_benefits
+from fedroute.core.randomness import Purpose, uniform
+from fedroute.core.settings import RoutingSettings
+from fedroute.core.task import ClientBatch
 
 __all__ = ["ClientRound", "client_round", "provisional_greedy_routes"]
 

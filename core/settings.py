@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fedroute.client.controllers import CONTROLLER_IDS
+from fedroute.core.controllers import CONTROLLER_IDS
 
 __all__ = ["RoutingSettings", "EXP3_MODES", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK"]
 

@@ -32,11 +32,11 @@ from typing import Callable, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.client import controllers as ctl
-from fedroute.client.entry import entry_candidates, entry_decision, underused_clusters
-from fedroute.client.exp3 import arm_probabilities, expected_route_loss, importance_weighted_update
-from fedroute.client.randomness import Purpose, categorical, uniform
-from fedroute.client.settings import RoutingSettings
+from fedroute.core import controllers as ctl
+from fedroute.core.entry import entry_candidates, entry_decision, underused_clusters
+from fedroute.core.exp3 import arm_probabilities, expected_route_loss, importance_weighted_update
+from fedroute.core.randomness import Purpose, categorical, uniform
+from fedroute.core.settings import RoutingSettings
 
 __all__ = ["AgentState", "RoundDecision", "BenefitFunction", "agent_step", "CONTROLLER_INDEX"]
 
@@ -45,7 +45,7 @@ CONTROLLER_INDEX = {name: index for index, name in enumerate(ctl.CONTROLLER_IDS)
 
 BenefitFunction = Callable[[NDArray[np.bool_], NDArray[np.int64]], NDArray[np.float64]]
 """``benefit_fn(candidate_mask (n, K), greedy_routes (n,)) -> benefits (n, K)``
-(see :func:`fedroute.client.entry.entry_benefits`)."""
+(see :func:`fedroute.core.entry.entry_benefits`)."""
 
 
 @dataclass(frozen=True)
