@@ -2,7 +2,8 @@
 
 Server → client (``TRAIN``, ``QUERY``, ``EVALUATE``): one ``ArrayRecord`` per
 cluster model under :func:`cluster_key` and one ``ConfigRecord`` under
-:data:`CONFIG`.  Client → server: at most one ``ArrayRecord`` under
+:data:`CONFIG` (the identification ``QUERY`` of partial participation,
+:data:`PHASE_IDENTIFY`, carries the ``ConfigRecord`` only).  Client → server: at most one ``ArrayRecord`` under
 :data:`MODEL` (the trained routed model; none in a report-only phase) and one
 ``MetricRecord`` under :data:`METRICS`.
 
@@ -38,17 +39,28 @@ NUM_ROUNDS = "num-rounds"
 PHASE = "phase"
 MASSES = "masses"
 HAS_MASSES = "has-masses"
+EXPLORE = "explore"
+"""Whether exploration is on (the server's health view, :mod:`fedroute.core.health`; absent before any round)."""
+MERGED_INTO = "merged-into"
+"""Per cluster, the twin a duplicate is merged into (``-1``: none)."""
+SPARE = "spare"
+"""Per cluster, whether it is spare."""
 SEED = "seed"
 RUN_KEY = "run-key"
 ALGORITHM = "algorithm"
 ALGORITHM_ROUTING = "routing"
 ALGORITHM_FEDCAM = "fedcam"
 ROUTING_PREFIX = "routing."
+SAMPLED_FRACTION = "sampled-fraction"
+"""The strategy's ``fraction_train``: below 1 a client may play its first round at any ``t``."""
 
 # Phases.
 PHASE_TRAIN = "train"
 PHASE_PROVISIONAL = "provisional"
 PHASE_EVALUATE = "evaluate"
+PHASE_IDENTIFY = "identify"
+"""A ``QUERY`` without models, before a node is first sampled under partial participation: the
+client answers with its ``client-id`` and ``num-examples`` (the server samples clients, not nodes)."""
 
 # Metric keys (client → server).
 CLUSTER = "cluster"
@@ -62,6 +74,8 @@ FEEDBACK = "feedback"
 ENTERED = "entered"
 RELEASED = "released"
 ROUNDS_PLAYED = "rounds-played"
+PREFERRED = "preferred"
+"""The client's Greedy choice of the round (its lowest-loss cluster, ties broken as its Greedy breaks them)."""
 EXP3_LOG_WEIGHTS = "exp3-log-weights"
 TRAIN_LOSSES = "train-losses"
 TEST_LOSSES = "test-losses"

@@ -19,7 +19,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedroute import protocol
-from fedroute.client.handlers import evaluation_losses, fedcam_reply, reply, routing_reply
+from fedroute.client.handlers import evaluation_losses, fedcam_reply, identity_reply, is_identification, reply, \
+    routing_reply
 from fedroute.core.client_step import provisional_greedy_routes
 from fedroute.core.settings import RoutingSettings
 from fedroute.strategies.records import decode_array
@@ -87,7 +88,11 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
 
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
-    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained)."""
+    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained); or, under partial
+    participation, the identification (client id and sample count, no models)."""
+    if is_identification(message):
+        clients = _client(context)
+        return identity_reply(message, int(clients.client_ids[0]), float(clients.num_examples[0]))
     config, settings, models, _, clients = _received(message, context)
     return reply(message, {
         protocol.CLUSTER: int(provisional_greedy_routes(clients, models, settings, int(config[protocol.SEED]))[0]),

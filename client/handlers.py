@@ -18,12 +18,14 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from fedroute import protocol
 from fedroute.core.fedcam import fedcam_client_round, fedcam_losses
 from fedroute.core.client_step import client_round
+from fedroute.core.health import RoutingView
 from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
 
-__all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "num_examples_metric"]
+__all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "num_examples_metric", "identity_reply",
+           "is_identification"]
 
 
 def num_examples_metric(value: float) -> int | float:
@@ -42,6 +44,30 @@ def reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord
     return Message(content=content, reply_to=message)
 
 
+def is_identification(message: Message) -> bool:
+    """Whether a ``QUERY`` is the strategy's identification (partial participation: no models, answer who you are)."""
+    records = message.content.config_records
+    return protocol.CONFIG in records and records[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_IDENTIFY
+
+
+def identity_reply(message: Message, client_id: int, num_examples: float) -> Message:
+    """The answer to an identification ``QUERY``: the client's id and sample count (nothing is evaluated)."""
+    return reply(message, {protocol.CLIENT_ID: int(client_id), protocol.NUM_EXAMPLES: num_examples_metric(num_examples)})
+
+
+def received_view(config: dict[str, Any], num_clusters: int) -> Optional[RoutingView]:
+    """The server's health view in a message (one row), or None when it sent none."""
+    if protocol.EXPLORE not in config:
+        return None
+    merged = np.asarray(config[protocol.MERGED_INTO], dtype=np.int64).reshape(1, -1)
+    spare = np.asarray(config[protocol.SPARE], dtype=bool).reshape(1, -1)
+    if merged.shape[1] != num_clusters or spare.shape[1] != num_clusters \
+            or merged.min(initial=-1) < -1 or merged.max(initial=-1) >= num_clusters:
+        raise ValueError(f"the message's '{protocol.MERGED_INTO}'/'{protocol.SPARE}' do not describe "
+                         f"{num_clusters} clusters")
+    return RoutingView(explore=np.array([bool(config[protocol.EXPLORE])]), merged_into=merged, spare=spare)
+
+
 def routing_reply(message: Message, context: Context, config: dict[str, Any], settings: RoutingSettings,
                   clients: ClientBatch, models: np.ndarray, template: dict[str, np.ndarray]) -> Message:
     """One routing round of a one-client batch: state → agent step → training → reply."""
@@ -49,10 +75,11 @@ def routing_reply(message: Message, context: Context, config: dict[str, Any], se
     masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
     round_index, client_id = int(config[protocol.ROUND_INDEX]), int(clients.client_ids[0])
     directory = state_directory(context)
-    state = load_agent_state(context, run_key, settings, round_index, client_id, directory)
+    every_round = float(config.get(protocol.SAMPLED_FRACTION, 1.0)) >= 1.0
+    state = load_agent_state(context, run_key, settings, round_index, client_id, directory, every_round)
     num_rounds = int(config[protocol.NUM_ROUNDS]) if protocol.NUM_ROUNDS in config else None
     result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]),
-                          num_rounds)
+                          num_rounds, received_view(config, settings.num_clusters))
     save_agent_state(context, run_key, result.state, round_index, client_id, directory)
     decision = result.decision
     trained = protocol.unflatten_arrays(result.trained_models[0], template)
@@ -68,6 +95,7 @@ def routing_reply(message: Message, context: Context, config: dict[str, Any], se
         protocol.ENTERED: int(decision.entered[0]),
         protocol.RELEASED: int(decision.released[0]),
         protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
+        protocol.PREFERRED: int(decision.preferred[0]),
         protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
     }, array_record(trained), getattr(clients, "train_metrics", None))
 

@@ -35,7 +35,8 @@ import torch
 from flwr.app import Context, Message
 
 from fedroute import protocol
-from fedroute.client.handlers import evaluation_losses, fedcam_reply, num_examples_metric, reply, routing_reply
+from fedroute.client.handlers import evaluation_losses, fedcam_reply, identity_reply, is_identification, \
+    num_examples_metric, reply, routing_reply
 from fedroute.core.client_step import provisional_greedy_routes
 from fedroute.core.settings import RoutingSettings
 from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
@@ -238,12 +239,15 @@ def routing_query(
     *,
     client_id: Optional[int] = None,
 ) -> Message:
-    """Synchronized entry, step 1: the reply to ClusteredRouting's provisional ``QUERY`` message.
+    """The reply to ClusteredRouting's ``QUERY`` messages: synchronized entry's provisional report, or
+    the identification of partial participation.
 
-    Reports the client's Greedy choice (lowest ``loss_fn``) among the ``K``
-    initial models; nothing is trained and no state changes.  Only sent when
-    the routing settings have ``synchronized_entry=True``, but a ClientApp
-    should always register it.
+    Provisional report (routing settings with ``synchronized_entry=True``): the
+    client's Greedy choice (lowest ``loss_fn``) among the ``K`` initial models;
+    nothing is trained and no state changes.  Identification (``fraction_train <
+    1``: the strategy samples *clients*, so it asks each node once who it is): the
+    client id and ``num_examples``, without models and without calling ``loss_fn``.
+    A ClientApp should always register it.
 
     Parameters
     ----------
@@ -253,8 +257,10 @@ def routing_query(
     Returns
     -------
     flwr.app.Message
-        MetricRecord ``metrics``: ``cluster``, ``num-examples``, ``client-id``.
+        MetricRecord ``metrics``: ``cluster`` (not in an identification), ``num-examples``, ``client-id``.
     """
+    if is_identification(message):
+        return identity_reply(message, _client_id(context, client_id), num_examples)
     config = _config(message)
     settings = _settings(config)
     client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id))

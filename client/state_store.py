@@ -98,12 +98,15 @@ def _arrays_of_record(record: ConfigRecord, template: AgentState) -> dict[str, n
 
 def load_agent_state(
     context: Context, run_key: str, settings: RoutingSettings, round_index: int,
-    client_id: int, directory: Optional[Path] = None,
+    client_id: int, directory: Optional[Path] = None, plays_every_round: bool = True,
 ) -> AgentState:
     """The newest stored state of a round before ``round_index``, or a fresh one.
 
     A stored state whose arm count differs from ``settings`` (a changed
-    controller set) is discarded rather than misread.
+    controller set) is discarded rather than misread.  A client without a stored
+    state after round 0 starts afresh: a WARNING when it should have played every
+    round (``plays_every_round``: full participation), an INFO line otherwise (under
+    partial participation a client's first round may come at any ``t``).
     """
     in_context = {t: key for t, key in _rounds_in_context(context, run_key).items() if t < round_index}
     arrays = None
@@ -125,9 +128,12 @@ def load_agent_state(
         if fits:
             return state
         logger.warning("client %d: stored state does not fit the controller set; starting afresh", client_id)
-    elif round_index > 0:
+    elif round_index > 0 and plays_every_round:
         logger.warning("client %d: no stored state before round %d (a restarted node without its state "
                        "directory?); its controller state starts afresh", client_id, round_index)
+    elif round_index > 0:
+        logger.info("client %d plays its first round at t=%d (partial participation: sampled for the first "
+                    "time, or joining late)", client_id, round_index)
     return AgentState.initial(1, settings)
 
 

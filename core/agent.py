@@ -7,10 +7,13 @@ with a batch of one client, the batched simulator with all clients at once.
 
 Timing conventions (``docs/algorithm.md``):
 
-* Block mode: arms are drawn at rounds ``t ≡ 0 (mod B)`` and updated after
-  rounds ``t ≡ B-1 (mod B)``.  A client in a forced episode draws no arm.
-  With synchronized entry (round 0 is the entry round) the first block
-  starts at ``t = 1`` (it is one round shorter).
+* Block mode: blocks run on the client's own clock ``τ`` (the rounds it has
+  played before this one; ``τ = t`` when it plays every round): arms are drawn
+  at ``τ ≡ 0 (mod B)`` and updated after ``τ ≡ B-1 (mod B)``, so a client
+  sampled in a quarter of the rounds still learns from blocks of ``B`` rounds
+  of its own.  A client in a forced episode draws no arm.  With synchronized
+  entry (round 0 is the entry round) the first block starts at ``τ = 1`` (it is
+  one round shorter).
 * Action mode: a client with no action in force draws an arm; Greedy, Rank
   Hedge, Reversal and Commitment actions last one round; a hysteresis action
   lasts until its episode is released (release round included), or one round
@@ -35,6 +38,7 @@ from numpy.typing import NDArray
 from fedroute.core import controllers as ctl
 from fedroute.core.entry import entry_candidates, entry_decision, underused_clusters
 from fedroute.core.exp3 import arm_probabilities, expected_route_loss, importance_weighted_update
+from fedroute.core.health import RoutingView
 from fedroute.core.randomness import Purpose, categorical, uniform
 from fedroute.core.settings import RoutingSettings
 
@@ -150,6 +154,9 @@ class RoundDecision:
         Released from an episode this round.
     exp3_updated : ndarray of bool, shape (n,)
         Made an EXP3 update at the end of this round.
+    preferred : ndarray of int, shape (n,)
+        The client's Greedy choice: its lowest-loss cluster, ties broken as its Greedy
+        breaks them (what the federation estimate counts as the cluster it prefers).
     """
 
     routes: NDArray[np.int64]
@@ -160,6 +167,7 @@ class RoundDecision:
     entered: NDArray[np.bool_]
     released: NDArray[np.bool_]
     exp3_updated: NDArray[np.bool_]
+    preferred: NDArray[np.int64]
 
 
 def _draw_arms(
@@ -191,6 +199,7 @@ def agent_step(
     seed: int | NDArray[np.int64],
     benefit_fn: Optional[BenefitFunction] = None,
     num_rounds: Optional[int] = None,
+    view: Optional[RoutingView] = None,
 ) -> tuple[AgentState, RoundDecision]:
     """One routing round for a batch of clients.
 
@@ -217,6 +226,11 @@ def agent_step(
         (synchronized entry or a ``hys`` arm).
     num_rounds : int, optional
         The run's ``T``; required when ``settings.exploitation_fraction > 0``.
+    view : RoutingView, optional
+        What the server reported after the previous round, one row per client
+        (:mod:`fedroute.core.health`): whether exploration is on, and the duplicate
+        clusters merged into a twin (skipped by the Greedy choice).  ``None`` before
+        any report: no exploration under ``explore_on = "collapse"``, no merges.
 
     Returns
     -------
@@ -230,7 +244,15 @@ def agent_step(
     client_ids = np.asarray(client_ids, dtype=np.int64)
     tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
                     if settings.tie_breaking == "random" else None)
-    greedy_choice = ctl.greedy_routes(losses, tie_uniforms)
+    greedy_choice = preferred = ctl.greedy_routes(losses, tie_uniforms)
+    if view is not None and np.any(view.merged_into >= 0):
+        greedy_choice = ctl.consolidating_greedy_routes(losses, view.merged_into >= 0, tie_uniforms,
+                                                        settings.consolidation_loss_ratio)
+    if settings.explores_on_evidence:
+        exploring = np.zeros(num_clients, dtype=bool) if view is None else np.asarray(view.explore, dtype=bool)
+        if not exploring.all():
+            return _explore_where(state, settings, losses, previous_masses, round_index, client_ids, seed,
+                                  benefit_fn, num_rounds, view, exploring, greedy_choice, preferred)
     if settings.exploitation_fraction > 0:
         if num_rounds is None:
             raise ValueError("exploitation_fraction > 0 needs num_rounds (the run's T) at every round")
@@ -240,7 +262,7 @@ def agent_step(
                                            settings.mass_threshold_inclusive)
                 greedy_choice = ctl.consolidating_greedy_routes(losses, spare, tie_uniforms,
                                                                 settings.consolidation_loss_ratio)
-            return _exploit(state, losses, greedy_choice)
+            return _exploit(state, losses, greedy_choice, preferred)
     arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
     greedy_code, hysteresis_code = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]
     entry_round = settings.synchronized_entry and round_index == 0
@@ -249,9 +271,11 @@ def agent_step(
     if entry_round:
         needs_arm = np.zeros(num_clients, dtype=bool)
     elif settings.exp3_mode == "block":
-        # Blocks start at t ≡ 0 (mod B); after a synchronized-entry round the first block starts at t = 1.
-        block_start = round_index % settings.block_length == 0 or (settings.synchronized_entry and round_index == 1)
-        needs_arm = np.full(num_clients, block_start) & ~state.forced_episode
+        # Blocks start at τ ≡ 0 (mod B) of the client's own clock τ = rounds played (τ = t when it plays every
+        # round); after a synchronized-entry round the first block starts at τ = 1.
+        played = state.rounds_played
+        block_start = (played % settings.block_length == 0) | (settings.synchronized_entry & (played == 1))
+        needs_arm = block_start & ~state.forced_episode
         # A new block ends any unforced episode.
         ended = needs_arm & (state.hysteresis_target >= 0)
         state = replace(
@@ -323,7 +347,7 @@ def agent_step(
 
     # 6. Action / block completion and the EXP3 update.
     if settings.exp3_mode == "block":
-        completes = has_arm & np.full(num_clients, round_index % settings.block_length == settings.block_length - 1)
+        completes = has_arm & (state.rounds_played % settings.block_length == settings.block_length - 1)
     else:
         completes = has_arm & ~follows_target
     updates = completes & learns & (feedback_rounds > 0)
@@ -353,12 +377,55 @@ def agent_step(
         entered=entered,
         released=released,
         exp3_updated=updates,
+        preferred=preferred,
     )
     return new_state, decision
 
 
+def _explore_where(
+    state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
+    previous_masses: Optional[NDArray[np.float64]], round_index: int, client_ids: NDArray[np.int64],
+    seed: int | NDArray[np.int64], benefit_fn: Optional[BenefitFunction], num_rounds: Optional[int],
+    view: Optional[RoutingView], exploring: NDArray[np.bool_], greedy_choice: NDArray[np.int64],
+    preferred: NDArray[np.int64],
+) -> tuple[AgentState, RoundDecision]:
+    """``explore_on = "collapse"``: the clients told to explore take an EXP3 step, the others exploit."""
+    exploited_state, exploited = _exploit(state, losses, greedy_choice, preferred)
+    if not exploring.any():
+        return exploited_state, exploited
+    rows = np.flatnonzero(exploring)
+    part_masses = None if previous_masses is None else np.broadcast_to(previous_masses, losses.shape)[rows]
+    part_seed = seed if np.ndim(seed) == 0 else np.asarray(seed)[rows]
+    part_view = RoutingView(explore=np.ones(len(rows), dtype=bool), merged_into=view.merged_into[rows],
+                            spare=view.spare[rows])
+    part_benefit = None if benefit_fn is None else _rows_benefit(benefit_fn, rows, len(exploring))
+    part_state, part = agent_step(state.select(rows), settings, losses[rows], part_masses, round_index,
+                                  client_ids[rows], part_seed, part_benefit, num_rounds, part_view)
+    merged_state = exploited_state.scatter(rows, part_state)
+    decision = RoundDecision(**{name: _scatter(getattr(exploited, name), rows, getattr(part, name))
+                                for name in RoundDecision.__dataclass_fields__})
+    return merged_state, decision
+
+
+def _rows_benefit(benefit_fn: BenefitFunction, rows: NDArray[np.int64], num_clients: int) -> BenefitFunction:
+    """A benefit function of a subset of the clients, over the full batch's ``benefit_fn``."""
+    def benefits(candidates: NDArray[np.bool_], greedy_choice: NDArray[np.int64]) -> NDArray[np.float64]:
+        full_candidates = np.zeros((num_clients, candidates.shape[1]), dtype=bool)
+        full_candidates[rows] = candidates
+        full_greedy = np.zeros(num_clients, dtype=np.int64)
+        full_greedy[rows] = greedy_choice
+        return benefit_fn(full_candidates, full_greedy)[rows]
+    return benefits
+
+
+def _scatter(values: NDArray, rows: NDArray[np.int64], part: NDArray) -> NDArray:
+    merged = np.array(values, copy=True)
+    merged[rows] = part
+    return merged
+
+
 def _exploit(
-    state: AgentState, losses: NDArray[np.float64], greedy_choice: NDArray[np.int64],
+    state: AgentState, losses: NDArray[np.float64], greedy_choice: NDArray[np.int64], preferred: NDArray[np.int64],
 ) -> tuple[AgentState, RoundDecision]:
     """A round of the exploitation phase: Greedy for everyone, no arm, no EXP3 update, no episode."""
     num_clients, num_clusters = losses.shape
@@ -375,6 +442,6 @@ def _exploit(
         routes=routes, route_distributions=distributions,
         controller=np.full(num_clients, CONTROLLER_INDEX[ctl.GREEDY], dtype=np.int64), arm=minus_one.copy(),
         feedback=expected_route_loss(distributions, losses), entered=no.copy(),
-        released=state.hysteresis_target >= 0, exp3_updated=no.copy(),
+        released=state.hysteresis_target >= 0, exp3_updated=no.copy(), preferred=preferred,
     )
     return new_state, decision

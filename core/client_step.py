@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from fedroute.core.agent import AgentState, RoundDecision, agent_step
 from fedroute.core.controllers import greedy_routes
 from fedroute.core.entry import entry_benefits
+from fedroute.core.health import RoutingView
 from fedroute.core.randomness import Purpose, uniform
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.task import ClientBatch
@@ -46,6 +47,7 @@ def client_round(
     round_index: int,
     seed: int | NDArray[np.int64],
     num_rounds: Optional[int] = None,
+    view: Optional[RoutingView] = None,
 ) -> ClientRound:
     """Run round ``t`` of docs/algorithm.md, rules §2 step 2 for every client of the batch.
 
@@ -67,6 +69,9 @@ def client_round(
         Run seed (one per client when several runs are batched).
     num_rounds : int, optional
         The run's ``T`` (needed by an exploitation phase, ``settings.exploitation_fraction > 0``).
+    view : RoutingView, optional
+        The server's report after the previous round, one row per client (exploration on or
+        off, merged duplicates: :mod:`fedroute.core.health`).
 
     Returns
     -------
@@ -78,7 +83,7 @@ def client_round(
         return entry_benefits(cluster_models, candidate_mask, greedy_choice, clients.local_update, round_index)
 
     new_state, decision = agent_step(
-        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn, num_rounds
+        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn, num_rounds, view
     )
     rows = np.arange(len(decision.routes))
     routed = cluster_models[rows, decision.routes] if cluster_models.ndim == 3 else cluster_models[decision.routes]

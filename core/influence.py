@@ -3,9 +3,9 @@
 A reply's ``num-examples`` and model values are the client's claim.  Without
 bounds one node claiming ``n = 10⁹`` owns every cluster it routes to and,
 through the masses every client receives, everyone's routing.  The bounds here
-are applied by the strategies (:class:`~fedroute.strategies.clustered.ClusteredRouting`
+are applied by both runtimes — the strategies (:class:`~fedroute.strategies.clustered.ClusteredRouting`
 and :class:`~fedroute.strategies.fedcam.FedCAM`, cluster parts and global part
-alike) before the hard update:
+alike) and the batched simulator — in the one server update :func:`aggregate_round`:
 
 1. **Sample-weight cap** (on by default): each reply's weight is
    ``min(n_i, c · m)`` with ``m`` the round's *lower median* of the claimed
@@ -118,17 +118,30 @@ def trim_mean(array: NDArray[np.floating], cut_fraction: float) -> NDArray[np.fl
     return np.mean(np.partition(array, (lower, upper - 1), axis=0)[lower:upper], axis=0)
 
 
-def capped_weights(num_examples: NDArray[np.floating], max_ratio: float) -> NDArray[np.float64]:
+def capped_weights(num_examples: NDArray[np.floating], max_ratio: float,
+                   run_index: Optional[NDArray[np.int64]] = None, num_runs: int = 1) -> NDArray[np.float64]:
     """``min(n_i, c · m)`` with ``m`` the lower median of the round's ``n`` (the ``⌊(m-1)/2⌋``-th smallest).
 
-    The values are returned unchanged (the same floats) where the cap does not bind.
+    With ``run_index`` (the batched simulator) each run's replies are capped at the lower
+    median of that run's own replies.  The values are returned unchanged (the same floats)
+    where the cap does not bind.
     """
     weights = np.asarray(num_examples, dtype=np.float64)
     if weights.size == 0 or max_ratio == math.inf:
         return weights
-    lower_median = np.partition(weights, (weights.size - 1) // 2)[(weights.size - 1) // 2]
-    cap = max_ratio * lower_median
-    return np.minimum(weights, cap) if np.any(weights > cap) else weights
+    if run_index is None:
+        lower_median = np.partition(weights, (weights.size - 1) // 2)[(weights.size - 1) // 2]
+        cap = max_ratio * lower_median
+        return np.minimum(weights, cap) if np.any(weights > cap) else weights
+    run_index = np.asarray(run_index, dtype=np.int64)
+    order = np.lexsort((weights, run_index))
+    counts = np.bincount(run_index, minlength=num_runs)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    present = counts > 0
+    medians = np.zeros(num_runs)
+    medians[present] = weights[order][starts[present] + (counts[present] - 1) // 2]
+    cap = max_ratio * medians[run_index]
+    return np.where(weights > cap, cap, weights) if np.any(weights > cap) else weights
 
 
 def clip_updates(client_models: NDArray[np.floating], reference_models: NDArray[np.floating],
@@ -191,47 +204,80 @@ class RoundAggregate:
     """What one round's replies did to the models and the masses."""
 
     models: NDArray[np.floating]
-    """The updated models, shape (K, P)."""
+    """The updated models, shape (K, P) (or (R, K, P) for batched runs)."""
     weights: NDArray[np.float64]
     """Each reply's weight after the cap, shape (m,)."""
     kept: NDArray[np.bool_]
     """Replies whose cluster took the update (False: that cluster's aggregate was not finite)."""
     non_finite_clusters: NDArray[np.bool_]
-    """Clusters that kept their model because their aggregate was not finite, shape (K,)."""
+    """Clusters that kept their model because their aggregate was not finite, shape (K,) (or (R, K))."""
     masses: Optional[NDArray[np.float64]]
-    """Routing masses of the kept replies (capped weights); ``None`` if no reply was kept."""
+    """Routing masses of the kept replies (capped weights); ``None`` if no reply was kept (one run); shape
+    (R, K) for batched runs (zeros for a run without a kept reply)."""
 
 
 def aggregate_round(cluster_models: NDArray[np.floating], client_models: NDArray[np.floating],
                     routes: NDArray[np.int64], num_examples: NDArray[np.floating],
-                    bounds: InfluenceBounds) -> RoundAggregate:
+                    bounds: InfluenceBounds, run_index: Optional[NDArray[np.int64]] = None) -> RoundAggregate:
     """One round's update under ``bounds``: cap the weights, bound the updates, aggregate per cluster.
+
+    The one server update of both runtimes: the Flower strategies call it with one
+    run's replies, the batched simulator with the replies of ``R`` runs at once
+    (``run_index``); the result of a run does not depend on the batch it is in.
 
     Parameters
     ----------
-    cluster_models : ndarray, shape (K, P)
+    cluster_models : ndarray, shape (K, P), or (R, K, P) with ``run_index``
         ``W^t``.
     client_models : ndarray, shape (m, P)
-        The validated replies ``w_i^+`` (finite).
+        The validated replies ``w_i^+`` (finite), in the order they are summed.
     routes : ndarray of int, shape (m,)
         Each reply's cluster.
     num_examples : ndarray, shape (m,)
         The claimed ``n_i``.
     bounds : InfluenceBounds
+    run_index : ndarray of int, shape (m,), optional
+        The run of each reply (batched runs).
 
     Returns
     -------
     RoundAggregate
+        ``masses`` are the kept replies' routing masses, shape (K,) or (R, K).
     """
     routes = np.asarray(routes, dtype=np.int64)
-    weights = capped_weights(num_examples, bounds.max_weight_ratio)
+    cluster_models = np.asarray(cluster_models)
+    num_runs = 1 if run_index is None else cluster_models.shape[0]
+    weights = capped_weights(num_examples, bounds.max_weight_ratio, run_index, num_runs)
     models = client_models
     if bounds.max_update_norm is not None and len(routes):
-        models = clip_updates(client_models, np.asarray(cluster_models)[routes], bounds.max_update_norm)
+        start = cluster_models[routes] if run_index is None else cluster_models[np.asarray(run_index), routes]
+        models = clip_updates(client_models, start, bounds.max_update_norm)
     if bounds.aggregation == "weighted-mean":
-        updated, non_finite = hard_update_checked(cluster_models, models, routes, weights)
-    else:
+        updated, non_finite = hard_update_checked(cluster_models, models, routes, weights, run_index)
+    elif run_index is None:
         updated, non_finite = robust_update(cluster_models, models, routes, bounds.aggregation, bounds.trim_fraction)
-    kept = ~non_finite[routes] if len(routes) else np.zeros(0, dtype=bool)
-    masses = routing_masses(routes[kept], weights[kept], cluster_models.shape[0]) if kept.any() else None
+    else:
+        updated, non_finite = _robust_update_runs(cluster_models, models, routes, np.asarray(run_index), bounds)
+    if not len(routes):
+        kept = np.zeros(0, dtype=bool)
+    else:
+        kept = ~(non_finite[routes] if run_index is None else non_finite[np.asarray(run_index), routes])
+    num_clusters = cluster_models.shape[-2]
+    if run_index is None:
+        masses = routing_masses(routes[kept], weights[kept], num_clusters) if kept.any() else None
+    else:
+        masses = routing_masses(routes[kept], weights[kept], num_clusters, np.asarray(run_index)[kept], num_runs)
     return RoundAggregate(models=updated, weights=weights, kept=kept, non_finite_clusters=non_finite, masses=masses)
+
+
+def _robust_update_runs(cluster_models: NDArray[np.floating], client_models: NDArray[np.floating],
+                        routes: NDArray[np.int64], run_index: NDArray[np.int64], bounds: InfluenceBounds,
+                        ) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
+    """:func:`robust_update` run by run (batched runs)."""
+    updated = np.array(cluster_models, copy=True)
+    non_finite = np.zeros(updated.shape[:2], dtype=bool)
+    for run in np.unique(run_index):
+        rows = run_index == run
+        updated[run], non_finite[run] = robust_update(cluster_models[run], client_models[rows], routes[rows],
+                                                      bounds.aggregation, bounds.trim_fraction)
+    return updated, non_finite

@@ -9,9 +9,10 @@ import numpy as np
 
 from fedroute.core.controllers import CONTROLLER_IDS
 
-__all__ = ["RoutingSettings", "EXP3_MODES", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK"]
+__all__ = ["RoutingSettings", "EXP3_MODES", "EXPLORE_ON", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK"]
 
 EXP3_MODES = ("block", "action")
+EXPLORE_ON = ("always", "collapse")
 TIE_BREAKING = ("lowest", "random")
 MASS_THRESHOLD_UNITS = ("mass", "fair-share")
 INCLUSIVE_SLACK = 1e-9
@@ -85,7 +86,23 @@ class RoutingSettings:
         ``ρ ≥ 1``: consolidation moves a client off an underused cluster only if its
         best other cluster's training loss is at most ``ρ ×`` its best loss (a spare
         copy of its group's model, not the only model that serves it).  ``2.0``;
-        ``inf`` = no guard.
+        ``inf`` = no guard.  Also the closeness ``ρ`` of the duplicate test
+        (``consolidate_duplicates``; ``inf`` turns that off).
+    explore_on : {"always", "collapse"}
+        ``"always"`` (paper presets): EXP3 selects controllers every round.
+        ``"collapse"`` (generic default): EXP3 runs only while the server reports a
+        collapse sign (:mod:`fedroute.core.health`: a cluster nobody needs that is not
+        spare); otherwise every client executes Greedy (no arm, no EXP3 update).
+    collapse_patience : int
+        Rounds (≥ 1) a cluster must be unwanted (preferred share ``≤`` the underused
+        threshold) in a row before it is a collapse sign.
+    spare_patience : int
+        Rounds (≥ 1) of exploration an unwanted cluster may trigger before it is
+        declared spare.
+    consolidate_duplicates : bool
+        Merge a cluster into its twin when both serve the same clients (each side's
+        clients find the other within ``consolidation_loss_ratio``, no third cluster
+        does): the clients skip the smaller one in their Greedy choice.
     """
 
     num_clusters: int = 2
@@ -109,11 +126,15 @@ class RoutingSettings:
     exploitation_fraction: float = 0.0
     exploitation_consolidates: bool = False
     consolidation_loss_ratio: float = 2.0
+    explore_on: str = "always"
+    collapse_patience: int = 10
+    spare_patience: int = 100
+    consolidate_duplicates: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
         for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds",
-                     "entry_max_candidates"):
+                     "entry_max_candidates", "collapse_patience", "spare_patience"):
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
@@ -121,7 +142,8 @@ class RoutingSettings:
             value = getattr(self, name)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
-        for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates"):
+        for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
+                     "consolidate_duplicates"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,
@@ -151,6 +173,9 @@ class RoutingSettings:
                and not isinstance(self.consolidation_loss_ratio, bool) and self.consolidation_loss_ratio >= 1.0,
                "consolidation_loss_ratio", self.consolidation_loss_ratio, "a number ≥ 1 (inf: no guard)")
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
+        _check(self.explore_on in EXPLORE_ON, "explore_on", self.explore_on, f"one of {EXPLORE_ON}")
+        _check(self.collapse_patience >= 1, "collapse_patience", self.collapse_patience, "an integer ≥ 1")
+        _check(self.spare_patience >= 1, "spare_patience", self.spare_patience, "an integer ≥ 1")
         _check(self.hysteresis_min_rounds >= 1, "hysteresis_min_rounds",
                self.hysteresis_min_rounds, "an integer ≥ 1")
         _check(self.hysteresis_exit_gap >= 0, "hysteresis_exit_gap", self.hysteresis_exit_gap, "≥ 0")
@@ -159,6 +184,11 @@ class RoutingSettings:
         if self.synchronized_entry or "hys" in self.controllers:
             _check(self.num_clusters >= 2, "num_clusters", self.num_clusters,
                    "≥ 2 when entry or hysteresis is used")
+
+    @property
+    def explores_on_evidence(self) -> bool:
+        """Whether EXP3 runs only while the server reports a collapse sign (``explore_on = "collapse"``)."""
+        return self.explore_on == "collapse" and self.selects_controllers
 
     @property
     def num_arms(self) -> int:

@@ -15,7 +15,13 @@ kind                      raised when … / cleared when …
                           each of them is some client's lowest-loss model again
 ``starvation``            a cluster has had no client for ``S`` rounds / it is routed again
 ``duplication``           two clusters are equally good for every client (losses within
-                          a relative tolerance) / some client tells them apart again
+                          a relative tolerance) / some client tells them apart again (an
+                          ``INFO`` when clients break ties at random: identical copies
+                          of a warm start split their clients and separate as they train)
+``spare``                 (``INFO``) the server found a cluster not needed — no client's
+                          best model through its exploration budget, or a duplicate
+                          merged into its twin (:mod:`fedroute.core.health`) / it is
+                          needed again; a spare cluster raises no starvation warning
 ``recovery``              (an ``INFO`` event) after collapsed entrance or starvation, every
                           cluster they named has been routed again and none is active
 ``dead-federation``       (``ERROR``) no valid reply for ``N`` rounds in a row: the run
@@ -38,7 +44,7 @@ from numpy.typing import NDArray
 __all__ = [
     "AlarmSettings", "Alarm", "AlarmEvent", "AlarmMonitor", "DeadFederation", "log_events", "starvation_basin",
     "task_starvation_basin",
-    "COLLAPSED_ENTRANCE", "STARVATION", "DUPLICATION", "RECOVERY", "DEAD_FEDERATION",
+    "COLLAPSED_ENTRANCE", "STARVATION", "DUPLICATION", "RECOVERY", "DEAD_FEDERATION", "SPARE",
 ]
 
 COLLAPSED_ENTRANCE = "collapsed-entrance"
@@ -46,6 +52,7 @@ STARVATION = "starvation"
 DUPLICATION = "duplication"
 RECOVERY = "recovery"
 DEAD_FEDERATION = "dead-federation"
+SPARE = "spare"
 _COLLAPSE_KINDS = (COLLAPSED_ENTRANCE, STARVATION)
 _MAX_REASONS = 3
 
@@ -191,12 +198,17 @@ class AlarmMonitor:
     controllers : sequence of str, default ("gr",)
         The method's controllers: the advice of a collapse alarm depends on
         whether routing is Greedy only.
+    random_ties : bool, default False
+        Whether clients break exact ties at random (the generic default): identical
+        copies are then a warm start that splits its clients, not a collapse.
     """
 
     def __init__(self, num_clusters: int, settings: AlarmSettings = AlarmSettings(),
-                 starvation_basin: Optional[bool] = None, controllers: Sequence[str] = ("gr",)) -> None:
+                 starvation_basin: Optional[bool] = None, controllers: Sequence[str] = ("gr",),
+                 random_ties: bool = False) -> None:
         self.num_clusters = int(num_clusters)
         self.settings = settings
+        self.random_ties = bool(random_ties)
         self.starvation_basin = starvation_basin
         self._advice = _GREEDY_ADVICE if tuple(controllers) == ("gr",) else \
             _CONTROL_ADVICE.format(controllers=",".join(controllers))
@@ -226,6 +238,9 @@ class AlarmMonitor:
         losses: NDArray[np.float64],
         routes: NDArray[np.int64],
         rejected_reasons: Sequence[str] = (),
+        preferred: Optional[NDArray[np.int64]] = None,
+        masses: Optional[NDArray[np.float64]] = None,
+        spare: Optional[NDArray[np.bool_]] = None,
     ) -> list[AlarmEvent]:
         """Update the alarms with round ``t``; return the events it raised and cleared.
 
@@ -239,6 +254,13 @@ class AlarmMonitor:
             Their executed hard routes.
         rejected_reasons : sequence of str
             Why this round's other replies were rejected (named by a dead-federation alarm).
+        preferred : ndarray of int, shape (n,), optional
+            The clients' Greedy choices (their ties broken as they break them); the lowest loss by default.
+        masses : ndarray, shape (K,), optional
+            The federation estimate ``μ̂`` (every client's latest route): a cluster starves when nobody's latest
+            route is it, whichever clients were sampled; the round's own routes by default.
+        spare : ndarray of bool, shape (K,), optional
+            The server's spare clusters (:mod:`fedroute.core.health`).
         """
         losses = np.asarray(losses, dtype=np.float64).reshape(-1, self.num_clusters)
         routes = np.asarray(routes, dtype=np.int64).reshape(-1)
@@ -247,15 +269,36 @@ class AlarmMonitor:
             return self._silent_round(round_index, rejected_reasons)
         events += self._replies_returned(round_index)
         routed = np.bincount(routes, minlength=self.num_clusters)
-        preferred = set(np.argmin(losses, axis=1).tolist())
+        if masses is not None:
+            routed = np.where(np.asarray(masses) > 0, np.maximum(routed, 1), 0)
+        choices = np.argmin(losses, axis=1) if preferred is None else np.asarray(preferred, dtype=np.int64)
+        chosen = set(choices.tolist())
         if not self._state.entrance_checked:
             self._state.entrance_checked = True
             tied_for_all = np.all(losses == losses.min(axis=1, keepdims=True), axis=0)
-            events += self._check_entrance(round_index, preferred, tied_for_all)
-        events += self._clear_entrance(round_index, preferred)
-        events += self._check_starvation(round_index, routed)
+            events += self._check_entrance(round_index, chosen, tied_for_all)
+        events += self._clear_entrance(round_index, chosen)
+        spare_now = np.zeros(self.num_clusters, dtype=bool) if spare is None else np.asarray(spare, dtype=bool)
+        events += self._check_spares(round_index, spare_now)
+        events += self._check_starvation(round_index, routed, spare_now)
         events += self._check_duplication(round_index, losses)
-        events += self._check_recovery(round_index, routed)
+        events += self._check_recovery(round_index, routed, spare_now)
+        return events
+
+    def _check_spares(self, round_index: int, spare: NDArray[np.bool_]) -> list[AlarmEvent]:
+        """An INFO when the server declares a cluster spare (and when it is needed again)."""
+        events = []
+        current = {alarm.clusters[0]: alarm for alarm in self._active(SPARE)}
+        for k in range(self.num_clusters):
+            if spare[k] and k not in current:
+                message = (f"spare: cluster {k} is not needed at round t={round_index} (no client's best model "
+                           "through its exploration budget, or a duplicate of another cluster merged into it); it "
+                           "no longer triggers exploration and raises no starvation warning, and is reconsidered "
+                           "when it is some client's best model again or clients join")
+                events.append(self._raise(round_index, SPARE, [k], message, logging.INFO))
+            elif not spare[k] and k in current:
+                events.append(self._clear(current[k], round_index, f"cluster {k} is needed again at round "
+                                          f"t={round_index} (no longer spare)"))
         return events
 
     def _raise(self, round_index: int, kind: str, clusters: Sequence[int], message: str,
@@ -331,11 +374,18 @@ class AlarmMonitor:
                             "client's lowest-loss model")
                 for alarm in self._active(COLLAPSED_ENTRANCE) if set(alarm.clusters) <= preferred]
 
-    def _check_starvation(self, round_index: int, routed: NDArray[np.int64]) -> list[AlarmEvent]:
+    def _check_starvation(self, round_index: int, routed: NDArray[np.int64],
+                          spare: NDArray[np.bool_]) -> list[AlarmEvent]:
         events = []
         state, limit = self._state, self.settings.starvation_rounds
         starving = {alarm.clusters[0]: alarm for alarm in self._active(STARVATION)}
         for k in range(self.num_clusters):
+            if spare[k]:
+                state.unrouted[k] = 0 if routed[k] > 0 else state.unrouted[k] + 1
+                if k in starving:
+                    events.append(self._clear(starving[k], round_index, f"starvation of cluster {k} cleared at "
+                                              f"round t={round_index}: it is spare (not needed)"))
+                continue
             if routed[k] > 0:
                 state.unrouted[k] = 0
                 if k in starving:
@@ -362,25 +412,35 @@ class AlarmMonitor:
                                           f"at round t={round_index}: some client now tells them apart"))
         current = [alarm.clusters for alarm in self._active(DUPLICATION)]
         for pair in pairs:
-            if pair not in current:
+            if pair in current:
+                continue
+            if self.random_ties:
                 message = (f"duplication at round t={round_index}: {_names(pair)} are equally good for every "
-                           f"client (losses within {tolerance:.3g} relative), so they are copies that split their "
-                           "clients at random. Start them from different models (e.g. copies plus noise) or use "
-                           "fewer clusters")
+                           f"client (losses within {tolerance:.3g} relative): identical copies, e.g. a warm start. "
+                           "Clients break the ties at random, so the copies train on different clients and "
+                           "separate; this clears when some client tells them apart")
+                events.append(self._raise(round_index, DUPLICATION, pair, message, logging.INFO))
+            else:
+                message = (f"duplication at round t={round_index}: {_names(pair)} are equally good for every "
+                           f"client (losses within {tolerance:.3g} relative), and ties go to the lowest index, so "
+                           "the higher-index copy gets no client. Use random tie-breaking (tie-breaking = random, "
+                           "the generic default), start them from different models, or use fewer clusters")
                 events.append(self._raise(round_index, DUPLICATION, pair, message))
         self._state.duplicates = pairs
         return events
 
-    def _check_recovery(self, round_index: int, routed: NDArray[np.int64]) -> list[AlarmEvent]:
+    def _check_recovery(self, round_index: int, routed: NDArray[np.int64],
+                        spare: Optional[NDArray[np.bool_]] = None) -> list[AlarmEvent]:
         state = self._state
         if not state.awaiting:
             return []
-        state.revived = sorted(set(state.revived) | {k for k in state.awaiting if routed[k] > 0})
+        settled = {k for k in state.awaiting if routed[k] > 0 or (spare is not None and spare[k])}
+        state.revived = sorted(set(state.revived) | settled)
         if any(alarm.kind in _COLLAPSE_KINDS for alarm in self.active) or set(state.awaiting) - set(state.revived):
             return []
         clusters = list(range(self.num_clusters))
         message = (f"recovery at round t={round_index}: every cluster starved before ({_names(state.awaiting)}) "
-                   f"is routed again and is some client's lowest-loss model; clients per cluster now: "
+                   f"is routed again (or found spare) and is some client's lowest-loss model; clients per cluster now: "
                    f"{', '.join(str(int(count)) for count in routed)}")
         state.awaiting, state.revived = [], []
         self.alarms.append(Alarm(kind=RECOVERY, level="info", clusters=clusters, raised_round=int(round_index),

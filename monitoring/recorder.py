@@ -64,6 +64,8 @@ class RunRecorder:
         Seconds between progress lines (``None``: no progress lines).
     logger : logging.Logger
         Where alarms and progress go.
+    random_ties : bool
+        Whether the clients break exact ties at random (identical copies are then no collapse).
     """
 
     def __init__(
@@ -79,12 +81,13 @@ class RunRecorder:
         tensorboard_dir: Optional[str | Path] = None,
         progress_interval: Optional[float] = 5.0,
         logger: logging.Logger = logging.getLogger("fedroute"),
+        random_ties: bool = False,
     ) -> None:
         self.label = label
         self.num_clusters = int(num_clusters)
         self.controllers = tuple(controllers)
         self.num_rounds = int(num_rounds)
-        self.alarms = AlarmMonitor(num_clusters, alarm_settings, starvation_basin, controllers)
+        self.alarms = AlarmMonitor(num_clusters, alarm_settings, starvation_basin, controllers, random_ties)
         self.telemetry_dir = Path(telemetry_dir) if telemetry_dir is not None else None
         self.telemetry = TelemetryWriter(self.telemetry_dir, num_clusters) if self.telemetry_dir else None
         self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir is not None else None
@@ -119,17 +122,21 @@ class RunRecorder:
         rejected: Sequence[Mapping[str, Any]] = (),
         seconds: float = 0.0,
         rejected_count: Optional[int] = None,
+        spare: Optional[NDArray[np.bool_]] = None,
     ) -> dict[str, Any]:
         """Record training round ``server_round``; return its per-round record (alarms are logged now).
 
         ``rejected`` holds this round's rejected training replies
         (``server_round``, ``phase``, ``node_id``, ``reason`` each); ``rejected_count``
         how many there were if that is more (the strategy keeps at most 100 a round).
+        ``masses`` are the masses the clients receive (the federation estimate), ``spare`` the
+        server's spare clusters (:mod:`fedroute.core.health`), if the routing reads them.
         """
         count = len(rejected) if rejected_count is None else rejected_count
         record = round_record(server_round, replies, masses, changed, count, seconds, self.controllers)
         events = self.alarms.observe(server_round - 1, replies.losses, replies.routes,
-                                     [short_reason(entry["reason"], 200) for entry in rejected])
+                                     [short_reason(entry["reason"], 200) for entry in rejected],
+                                     preferred=replies.preferred, masses=masses, spare=spare)
         log_events(self.logger, self.label, events)
         clients = client_columns(self.label, server_round, replies, self.controllers)
         if rejected:

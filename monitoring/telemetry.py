@@ -172,6 +172,8 @@ class ClientReplies:
         Entered / released a hysteresis episode this round.
     rounds_played : ndarray of int, shape (n,)
         Rounds the client has played (``-1`` if not reported).
+    preferred : ndarray of int, shape (n,)
+        The client's Greedy choice (its ties broken as it breaks them; the lowest loss if not reported).
     exp3_weight_spread : ndarray, shape (n,)
         ``max v - min v`` of the client's EXP3 log-weights after the round (0 if not reported).
     """
@@ -189,6 +191,12 @@ class ClientReplies:
     released: NDArray[np.bool_]
     rounds_played: NDArray[np.int64]
     exp3_weight_spread: NDArray[np.float64]
+    preferred: Optional[NDArray[np.int64]] = None
+
+    def __post_init__(self) -> None:
+        if self.preferred is None:
+            object.__setattr__(self, "preferred", np.argmin(self.losses, axis=1).astype(np.int64)
+                               if len(self.losses) else np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.client_ids)
@@ -230,6 +238,8 @@ class ClientReplies:
             released=column(protocol.RELEASED, 0, np.int64).astype(bool),
             rounds_played=column(protocol.ROUNDS_PLAYED, -1, np.int64),
             exp3_weight_spread=np.array(spread, dtype=np.float64),
+            preferred=np.array([m.get(protocol.PREFERRED, int(np.argmin(m[protocol.LOSSES]))) for m in metrics],
+                               dtype=np.int64).reshape(len(metrics)),
         )
 
 

@@ -59,6 +59,7 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         **fedcam,
         fraction_train=settings.fraction_train,
         min_train_nodes=min(settings.min_train_nodes, num_clients),
+        report_memory=settings.report_memory,
         min_available_nodes=num_clients,
         round_timeout=settings.round_timeout,
         seed=settings.seed,

@@ -30,27 +30,9 @@ _ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance"
                "dead-rounds": "dead_rounds"}
 
 # run-config key → RoutingSettings field, for keys whose value may be "auto"/0 (= method default).
-_ROUTING_KEYS = {
-    "num-clusters": "num_clusters",
-    "controllers": "controllers",
-    "block-length": "block_length",
-    "exp3-learning-rate": "exp3_learning_rate",
-    "exp3-exploration": "exp3_exploration",
-    "rank-hedge-temperature": "rank_hedge_temperature",
-    "commitment-margin": "commitment_margin",
-    "reversal-mass-threshold": "reversal_mass_threshold",
-    "entry-threshold": "entry_threshold",
-    "hysteresis-min-rounds": "hysteresis_min_rounds",
-    "hysteresis-exit-gap": "hysteresis_exit_gap",
-    "hysteresis-max-rounds": "hysteresis_max_rounds",
-    "tie-breaking": "tie_breaking",
-    "exploitation-fraction": "exploitation_fraction",
-    "exploitation-consolidates": "exploitation_consolidates",
-    "consolidation-loss-ratio": "consolidation_loss_ratio",
-    "mass-threshold-unit": "mass_threshold_unit",
-    "mass-threshold-inclusive": "mass_threshold_inclusive",
-    "entry-max-candidates": "entry_max_candidates",
-}
+ROUTING_KEYS = {field.name.replace("_", "-"): field.name for field in fields(RoutingSettings)}
+"""Run-config key → :class:`~fedroute.core.settings.RoutingSettings` field: every field, its name with dashes
+(``"auto"`` = the method's value in the chosen preset or generic default)."""
 
 PRESET_CHOICES = ("auto", "generic", *PRESETS)
 """Values of the run-config key ``preset``: ``auto`` = the task's paper preset when the task
@@ -69,6 +51,8 @@ class RunSettings:
     seed: int
     fraction_train: float
     min_train_nodes: int
+    report_memory: Optional[int]
+    """Rounds a client's latest report counts in the masses (``None``: the participation's default)."""
     round_timeout: float
     results_dir: Path
     checkpoint_dir: Optional[Path]
@@ -164,7 +148,7 @@ def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
     """Routing overrides from the run config; ``"auto"`` and ``0`` for H_max mean the method default."""
     overrides: dict[str, Any] = {}
     kinds = {field.name: field.type for field in fields(RoutingSettings)}
-    for key, name in _ROUTING_KEYS.items():
+    for key, name in ROUTING_KEYS.items():
         if key not in config:
             continue
         value = config[key]
@@ -224,6 +208,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     seed = _integer(config, "seed", 0, MAX_SEED) if "seed" in config else 0
     fraction_train = _number(config, "fraction-train", 1e-9, 1.0) if "fraction-train" in config else 1.0
     min_train_nodes = _integer(config, "min-train-nodes", 1, MAX_NODES) if "min-train-nodes" in config else 2
+    report_memory = _integer(config, "report-memory", 0, MAX_ROUNDS) if "report-memory" in config else 0
     round_timeout = _number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0
     task = task_from_config(config)
     preset = routing_preset(config)
@@ -235,7 +220,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
             routing[name] = method_settings(name, preset=preset, **overrides)
         except ValueError as error:
             message = str(error)
-            for key, field in _ROUTING_KEYS.items():
+            for key, field in ROUTING_KEYS.items():
                 message = message.replace(f"'{field}'", f"'{key}'")
             raise ValueError(f"run config, method {name!r}: {message}") from None
     results_dir = _absolute(str(config.get("results-dir", "results")))
@@ -255,6 +240,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         seed=seed,
         fraction_train=fraction_train,
         min_train_nodes=min_train_nodes,
+        report_memory=report_memory or None,
         round_timeout=round_timeout,
         results_dir=results_dir,
         checkpoint_dir=checkpoint_dir,

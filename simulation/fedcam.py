@@ -150,6 +150,7 @@ def simulate_fedcam_batch(
     return BatchHistory(
         cluster_models=np.stack(recorded),
         routes=np.stack(routes_record),
+        played=np.ones((num_rounds, num_runs, num_clients), dtype=bool),
         masses=np.stack(masses_record),
         mean_arm_probabilities=empty,
         arm_fractions=empty,

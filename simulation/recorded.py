@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from fedroute.core.participation import Participation
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.server.results import atomic_write_text, write_status
@@ -63,7 +64,8 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
             telemetry_dir=directory,
             tensorboard_dir=directory / "tensorboard" / method if directory is not None and settings.tensorboard
             else None,
-            progress_interval=settings.progress_interval if progress else None)
+            progress_interval=settings.progress_interval if progress else None,
+            random_ties=routing.tie_breaking == "random")
         recorder.start()
         try:
             if method == "fedcam":
@@ -71,11 +73,14 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
                                               on_round=recording(recorder))
                 final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
             else:
-                history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder))
+                history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder),
+                                   participation=Participation(settings.fraction_train, settings.min_train_nodes,
+                                                               settings.report_memory),
+                                   influence=settings.influence)
                 final, routes = history.cluster_models[-1], history.routes
         finally:
             recorder.close()
-        counts = np.stack([np.bincount(r, minlength=routing.num_clusters) for r in routes])
+        counts = np.stack([np.bincount(r[r >= 0], minlength=routing.num_clusters) for r in routes])
         summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
                                         clients.groups, counts, getattr(task, "group_parameters", None))
         summaries[method].update(rounds=settings.num_rounds, **recorder.summary())

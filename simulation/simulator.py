@@ -2,11 +2,14 @@
 
 A batch of ``R`` runs is simulated as one federation whose client axis holds
 the ``R·n`` clients; client ``i`` of run ``r`` sees only run ``r``'s ``K``
-cluster models, masses and seed.  The client side of a round is
-:func:`fedroute.core.client_step.client_round`; the server side is
-:func:`fedroute.core.aggregation.hard_update` and
-:func:`~fedroute.core.aggregation.routing_masses` with a run index.
-This module only loops over rounds and records what the experiments need.
+cluster models, masses and seed.  Each round samples the clients that play
+(:func:`fedroute.core.participation.participating`, the Flower strategy's sample);
+their side of the round is :func:`fedroute.core.client_step.client_round`; the
+server side is the strategy's own update, :func:`fedroute.core.influence.aggregate_round`
+(hard update under the influence bounds) and the federation estimate
+:func:`fedroute.core.federation.estimate_federation` (masses from every client's
+latest report), with a run index.  This module only loops over rounds and
+records what the experiments need.
 """
 
 from __future__ import annotations
@@ -19,15 +22,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.agent import AgentState
-from fedroute.core.exp3 import arm_probabilities
+from fedroute.core.aggregation import routing_masses
 from fedroute.core.client_step import client_round, provisional_greedy_routes
+from fedroute.core.exp3 import arm_probabilities
+from fedroute.core.federation import FederationState
+from fedroute.core.health import RoutingView
+from fedroute.core.influence import InfluenceBounds, capped_weights
+from fedroute.core.participation import Participation, participating
+from fedroute.core.server_step import RoundReplies, server_init, server_step
 from fedroute.core.settings import RoutingSettings
-from fedroute.monitoring.telemetry import ClientReplies, node_id_array
-from fedroute.core.aggregation import hard_update, routing_masses
 from fedroute.core.task import ClientBatch, Task
+from fedroute.monitoring.telemetry import ClientReplies, node_id_array
 
 __all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
-           "recording", "changed_models", "kept_model_rounds"]
+           "select_clients", "recording", "changed_models", "kept_model_rounds"]
 
 
 class SimulatedRound:
@@ -43,18 +51,23 @@ class SimulatedRound:
         ``μ^t`` after the round.
     num_clients : int
         ``n`` per run.
+    spare : ndarray of bool, shape (R, K), or None
+        The server's spare clusters (when the routing reads the health view).
     """
 
     def __init__(self, round_index: int, masses: NDArray[np.float64], num_clients: int,
-                 replies: Callable[[], ClientReplies], changed: Callable[[], NDArray[np.bool_]]) -> None:
+                 replies: Callable[[], ClientReplies], changed: Callable[[], NDArray[np.bool_]],
+                 run_index: Optional[NDArray[np.int64]] = None, spare: Optional[NDArray[np.bool_]] = None) -> None:
         self.round_index = round_index
         self.masses = masses
+        self.spare = spare
         self.num_clients = num_clients
+        self.run_index = run_index
         self._replies, self._changed = replies, changed
 
     @functools.cached_property
     def replies(self) -> ClientReplies:
-        """Every client of every run (``R·n`` rows, run-major), as a Flower strategy would have received them."""
+        """Every client that played, of every run (run-major), as a Flower strategy would have received them."""
         return self._replies()
 
     @functools.cached_property
@@ -64,7 +77,9 @@ class SimulatedRound:
 
     def run(self, run: int) -> ClientReplies:
         """The replies of run ``run``."""
-        return self.replies.select(slice(run * self.num_clients, (run + 1) * self.num_clients))
+        if self.run_index is None:
+            return self.replies.select(slice(run * self.num_clients, (run + 1) * self.num_clients))
+        return self.replies.select(np.flatnonzero(self.run_index == run))
 
 
 OnRound = Callable[[SimulatedRound], None]
@@ -75,7 +90,7 @@ def recording(recorder: Any, run: int = 0) -> OnRound:
     """An ``on_round`` observer feeding run ``run`` to a :class:`~fedroute.monitoring.recorder.RunRecorder`."""
     def observe(simulated: SimulatedRound) -> None:
         recorder.round(simulated.round_index + 1, simulated.run(run), simulated.masses[run],
-                       simulated.changed[run].tolist())
+                       simulated.changed[run].tolist(), spare=None if simulated.spare is None else simulated.spare[run])
         recorder.commit()
 
     return observe
@@ -109,6 +124,26 @@ def concatenate_clients(batches: Sequence[ClientBatch]) -> ClientBatch:
     return replace(first, **merged)
 
 
+def select_clients(batch: ClientBatch, index: NDArray[np.int64]) -> ClientBatch:
+    """The clients ``index`` of a (dataclass) batch, in that order: the inverse of :func:`concatenate_clients`.
+
+    Array fields (and tuples of arrays) are indexed along the client axis, a nested
+    client batch recursively; other fields are kept.
+    """
+    if not is_dataclass(batch):
+        raise TypeError(f"cannot select clients of {type(batch).__name__}: not a dataclass")
+    chosen: dict[str, Any] = {}
+    for field in fields(batch):
+        value = getattr(batch, field.name)
+        if isinstance(value, np.ndarray):
+            chosen[field.name] = value[index]
+        elif is_dataclass(value) and not isinstance(value, type):
+            chosen[field.name] = select_clients(value, index)
+        elif isinstance(value, tuple) and value and isinstance(value[0], np.ndarray):
+            chosen[field.name] = tuple(part[index] for part in value)
+    return replace(batch, **chosen)
+
+
 @dataclass(frozen=True)
 class BatchHistory:
     """What a batch of ``R`` runs recorded (``T`` rounds, ``n`` clients per run, ``K`` clusters).
@@ -118,13 +153,16 @@ class BatchHistory:
     cluster_models : ndarray, shape (T+1, R, K, P)
         ``W^0 … W^T`` of every run (only the ``model_rounds`` asked for).
     routes : ndarray of int8/int16, shape (T, R, n)
-        Executed hard routes.
+        Each client's latest executed hard route after round ``t`` (its route of round ``t``
+        where it played; ``-1`` before its first round).
+    played : ndarray of bool, shape (T, R, n)
+        Which clients played each round (all of them with full participation).
     masses : ndarray, shape (T, R, K)
-        ``μ^t`` after each round.
+        ``μ̂^t`` after each round (the federation estimate: the round's own masses with full participation).
     mean_arm_probabilities : ndarray, shape (T, R, A)
-        Client-averaged EXP3 probabilities at the start of each round.
+        EXP3 probabilities at the start of each round, averaged over the clients that played.
     arm_fractions : ndarray, shape (T, R, A)
-        Fraction of clients with each arm in force during the round.
+        Fraction of the clients that played with each arm in force during the round.
     entered, released : ndarray of int, shape (T, R)
         Clients entering / leaving a hysteresis episode.
     provisional_masses : ndarray, shape (R, K), or None
@@ -141,6 +179,7 @@ class BatchHistory:
 
     cluster_models: NDArray[np.floating]
     routes: NDArray[np.integer]
+    played: NDArray[np.bool_]
     masses: NDArray[np.float64]
     mean_arm_probabilities: NDArray[np.float64]
     arm_fractions: NDArray[np.float64]
@@ -163,7 +202,7 @@ class RunHistory:
     """Everything one simulated run recorded, per client (``T`` rounds, ``n`` clients).
 
     Attributes are those of :class:`BatchHistory` for one run, with per-client
-    detail: ``cluster_models`` (T+1, K, P), ``routes`` (T, n), ``masses``
+    detail: ``cluster_models`` (T+1, K, P), ``routes`` (T, n), ``played`` (T, n), ``masses``
     (T, K), ``train_losses`` (T, n, K), ``controllers``/``arms`` (T, n),
     ``arm_probabilities`` (T, n, A), ``entered``/``released`` (T, n) bool,
     ``provisional_masses`` (K,) or None, ``groups`` (n,), ``num_examples``
@@ -172,6 +211,7 @@ class RunHistory:
 
     cluster_models: NDArray[np.floating]
     routes: NDArray[np.int64]
+    played: NDArray[np.bool_]
     masses: NDArray[np.float64]
     train_losses: NDArray[np.float64]
     controllers: NDArray[np.int64]
@@ -201,6 +241,9 @@ def simulate_batch(
     detail: bool = False,
     model_rounds: Optional[Sequence[int]] = None,
     on_round: Optional[OnRound] = None,
+    participation: Participation = Participation(),
+    influence: InfluenceBounds = InfluenceBounds(),
+    join_rounds: Optional[NDArray[np.int64]] = None,
 ) -> BatchHistory:
     """Simulate ``R = len(tasks)`` independent runs of one method together.
 
@@ -223,6 +266,14 @@ def simulate_batch(
     on_round : callable, optional
         Called with a :class:`SimulatedRound` after every round (telemetry,
         alarms: see :func:`recording`).
+    participation : Participation
+        Who plays each round (:mod:`fedroute.core.participation`, the sample the Flower
+        strategy draws) and how long a report counts in the masses; everyone by default.
+    influence : InfluenceBounds
+        The strategy's bounds on one reply's influence (weight cap, update norm, robust
+        rule), applied by the same server update (:func:`~fedroute.core.influence.aggregate_round`).
+    join_rounds : ndarray of int, shape (n,) or (R, n), optional
+        The first round each client can be sampled in (late joiners); 0 for all by default.
 
     Returns
     -------
@@ -240,70 +291,123 @@ def simulate_batch(
     clients = concatenate_clients([task.clients(np.arange(num_clients)) for task in tasks])
     run_of_client = np.repeat(np.arange(num_runs), num_clients)
     seed_of_client = np.asarray(seeds, dtype=np.int64)[run_of_client]
+    client_ids = np.asarray(clients.client_ids, dtype=np.int64)
+    joins = np.zeros(num_runs * num_clients, np.int64) if join_rounds is None else \
+        np.broadcast_to(np.asarray(join_rounds, dtype=np.int64), (num_runs, num_clients)).reshape(-1)
     num_examples = clients.num_examples
     models = np.stack([task.initial_models(num_clusters) for task in tasks])
     state = AgentState.initial(num_runs * num_clients, settings)
+    server = server_init(FederationState.of_clients(client_ids, num_clusters, run_of_client), num_runs, num_clusters)
     masses: Optional[NDArray[np.float64]] = None
     provisional = None
     if settings.synchronized_entry:
-        greedy = provisional_greedy_routes(clients, models[run_of_client], settings, seed_of_client)
-        provisional = routing_masses(greedy, num_examples, num_clusters, run_of_client, num_runs)
+        reporting = participating(client_ids, run_of_client, seed_of_client, num_runs, 0, participation, joins <= 0)
+        rows = np.flatnonzero(reporting)
+        greedy = provisional_greedy_routes(select_clients(clients, rows), models[run_of_client[rows]], settings,
+                                           seed_of_client[rows])
+        weights = capped_weights(num_examples[rows], influence.max_weight_ratio, run_of_client[rows], num_runs)
+        provisional = routing_masses(greedy, weights, num_clusters, run_of_client[rows], num_runs)
         masses = provisional
     route_dtype = np.int8 if num_clusters < 127 else np.int16
-    keys = ["cluster_models", "routes", "masses", "mean_arm_probabilities", "arm_fractions", "entered", "released"]
-    record: dict[str, list] = {key: [] for key in keys}
-    detailed: dict[str, list] = {key: [] for key in (
-        "train_losses", "controllers", "arms", "arm_probabilities", "entered", "released")}
-    kept_rounds = kept_model_rounds(num_rounds, model_rounds)
-    if 0 in kept_rounds:
-        record["cluster_models"].append(models)
-
-    def per_run_mean(values: NDArray) -> NDArray:
-        return values.reshape(num_runs, num_clients, *values.shape[1:]).mean(axis=1)
-
+    recorder = _Record(num_runs, num_clients, detail, kept_model_rounds(num_rounds, model_rounds))
+    recorder.models(0, models)
+    latest_routes = np.full(num_runs * num_clients, -1, dtype=np.int64)
     for round_index in range(num_rounds):
-        probabilities = arm_probabilities(state.exp3_log_weights, settings.exp3_exploration)
-        result = client_round(
-            clients, state, settings, models[run_of_client],
-            None if masses is None else masses[run_of_client], round_index, seed_of_client, num_rounds,
-        )
-        state, decision = result.state, result.decision
+        played = participating(client_ids, run_of_client, seed_of_client, num_runs, round_index, participation,
+                               joins <= round_index)
+        rows = np.flatnonzero(played)
+        every = len(rows) == len(played)
+        part = clients if every else select_clients(clients, rows)
+        before = state if every else state.select(rows)
+        probabilities = arm_probabilities(before.exp3_log_weights, settings.exp3_exploration)
+        runs = run_of_client[rows]
+        view = None if server.view is None else RoutingView(
+            explore=server.view.explore[runs], merged_into=server.view.merged_into[runs], spare=server.view.spare[runs])
+        result = client_round(part, before, settings, models[runs], None if masses is None else masses[runs],
+                              round_index, seed_of_client[rows], num_rounds, view)
+        decision = result.decision
+        state = result.state if every else state.scatter(rows, result.state)
         previous_models = models
-        models = hard_update(models, result.trained_models, decision.routes, num_examples, run_of_client)
-        masses = routing_masses(decision.routes, num_examples, num_clusters, run_of_client, num_runs)
+        outcome, server = server_step(models, server, RoundReplies(
+            rows=rows, routes=decision.routes, preferred=decision.preferred, num_examples=num_examples[rows],
+            losses=result.losses, trained_models=result.trained_models, run_index=runs),
+            round_index, settings, participation, influence, num_runs)
+        models = outcome.models
+        masses = server.estimate.masses
+        latest_routes[rows] = decision.routes
         if on_round is not None:
             on_round(SimulatedRound(
                 round_index, masses, num_clients,
-                replies=functools.partial(_replies, clients, num_examples, result.losses, decision, state),
-                changed=functools.partial(changed_models, models, previous_models)))
-        arm_in_force = decision.arm[:, None] == np.arange(settings.num_arms)
-        if round_index + 1 in kept_rounds:
-            record["cluster_models"].append(models)
+                replies=functools.partial(_replies, part, num_examples[rows], result.losses, decision, result.state),
+                changed=functools.partial(changed_models, models, previous_models), run_index=runs,
+                spare=None if server.view is None else server.view.spare))
+        recorder.models(round_index + 1, models)
+        recorder.round(latest_routes.astype(route_dtype), played, masses, probabilities, decision, rows,
+                       settings.num_arms, result.losses)
+    return recorder.history(provisional, clients, num_examples, state)
+
+
+class _Record:
+    """What :func:`simulate_batch` records, round by round (per-client rows of the clients that played)."""
+
+    def __init__(self, num_runs: int, num_clients: int, detail: bool, kept_rounds: set[int]) -> None:
+        self.num_runs, self.num_clients, self.detail, self.kept_rounds = num_runs, num_clients, detail, kept_rounds
+        keys = ["cluster_models", "routes", "played", "masses", "mean_arm_probabilities", "arm_fractions",
+                "entered", "released"]
+        self.record: dict[str, list] = {key: [] for key in keys}
+        self.detailed: dict[str, list] = {key: [] for key in (
+            "train_losses", "controllers", "arms", "arm_probabilities", "entered", "released")}
+
+    def models(self, round_number: int, models: NDArray) -> None:
+        if round_number in self.kept_rounds:
+            self.record["cluster_models"].append(models)
+
+    def _full(self, rows: NDArray[np.int64], values: NDArray, fill: Any) -> NDArray:
+        """Per-client values of the clients that played, ``fill`` for the others, shape (R·n, ...)."""
+        full = np.full((self.num_runs * self.num_clients,) + values.shape[1:], fill, dtype=values.dtype)
+        full[rows] = values
+        return full
+
+    def _per_run(self, values: NDArray, played: NDArray[np.bool_], mean: bool) -> NDArray:
+        """Sum (or mean over the clients that played) of per-client values, per run."""
+        shaped = values.reshape(self.num_runs, self.num_clients, *values.shape[1:])
+        weight = played.reshape(self.num_runs, self.num_clients, *([1] * (values.ndim - 1)))
+        total = (shaped * weight).sum(axis=1)
+        return total / np.maximum(weight.sum(axis=1), 1) if mean else total
+
+    def round(self, routes: NDArray, played: NDArray[np.bool_], masses: NDArray, probabilities: NDArray,
+              decision: Any, rows: NDArray[np.int64], num_arms: int, losses: NDArray) -> None:
+        arm_in_force = (decision.arm[:, None] == np.arange(num_arms)).astype(np.float64)
         for key, value in (
-            ("routes", decision.routes.astype(route_dtype).reshape(num_runs, num_clients)),
+            ("routes", routes.reshape(self.num_runs, self.num_clients)),
+            ("played", played.reshape(self.num_runs, self.num_clients)),
             ("masses", masses),
-            ("mean_arm_probabilities", per_run_mean(probabilities)),
-            ("arm_fractions", per_run_mean(arm_in_force.astype(np.float64))),
-            ("entered", decision.entered.reshape(num_runs, num_clients).sum(axis=1)),
-            ("released", decision.released.reshape(num_runs, num_clients).sum(axis=1)),
+            ("mean_arm_probabilities", self._per_run(self._full(rows, probabilities, 0.0), played, True)),
+            ("arm_fractions", self._per_run(self._full(rows, arm_in_force, 0.0), played, True)),
+            ("entered", self._per_run(self._full(rows, decision.entered.astype(np.int64), 0), played, False)),
+            ("released", self._per_run(self._full(rows, decision.released.astype(np.int64), 0), played, False)),
         ):
-            record[key].append(value)
-        if detail:
-            for key, value in (("train_losses", result.losses), ("controllers", decision.controller),
-                               ("arms", decision.arm), ("arm_probabilities", probabilities),
-                               ("entered", decision.entered), ("released", decision.released)):
-                detailed[key].append(value)
-    extra: dict[str, Any] = {}
-    if detail:
-        extra = {key: np.stack(values) for key, values in detailed.items()}
-        extra["final_state"] = state
-    return BatchHistory(
-        **{key: np.stack(values) for key, values in record.items()},
-        provisional_masses=provisional,
-        groups=clients.groups.reshape(num_runs, num_clients),
-        num_examples=num_examples.reshape(num_runs, num_clients),
-        detail=extra,
-    )
+            self.record[key].append(value)
+        if self.detail:
+            for key, value, fill in (
+                    ("train_losses", losses, np.nan), ("controllers", decision.controller, -1),
+                    ("arms", decision.arm, -1), ("arm_probabilities", probabilities, np.nan),
+                    ("entered", decision.entered, False), ("released", decision.released, False)):
+                self.detailed[key].append(self._full(rows, np.asarray(value), fill))
+
+    def history(self, provisional: Optional[NDArray], clients: ClientBatch, num_examples: NDArray,
+                state: AgentState) -> BatchHistory:
+        extra: dict[str, Any] = {}
+        if self.detail:
+            extra = {key: np.stack(values) for key, values in self.detailed.items()}
+            extra["final_state"] = state
+        return BatchHistory(
+            **{key: np.stack(values) for key, values in self.record.items()},
+            provisional_masses=provisional,
+            groups=clients.groups.reshape(self.num_runs, self.num_clients),
+            num_examples=num_examples.reshape(self.num_runs, self.num_clients),
+            detail=extra,
+        )
 
 
 def changed_models(models: NDArray, previous: NDArray) -> NDArray[np.bool_]:
@@ -323,11 +427,12 @@ def _replies(clients: ClientBatch, num_examples: NDArray, losses: NDArray[np.flo
         feedback=np.asarray(decision.feedback, dtype=np.float64), entered=np.asarray(decision.entered, dtype=bool),
         released=np.asarray(decision.released, dtype=bool), rounds_played=np.asarray(state.rounds_played),
         exp3_weight_spread=np.ptp(weights, axis=1) if weights.shape[1] else np.zeros(len(losses)),
+        preferred=np.asarray(decision.preferred, dtype=np.int64),
     )
 
 
 def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int,
-             on_round: Optional[OnRound] = None) -> RunHistory:
+             on_round: Optional[OnRound] = None, **options: Any) -> RunHistory:
     """Run ``num_rounds`` rounds of clustered routing on every client of ``task``.
 
     Parameters
@@ -342,17 +447,20 @@ def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int,
         Run seed (the randomness coordinate of every routing draw).
     on_round : callable, optional
         Called after every round (see :func:`simulate_batch`).
+    **options
+        ``participation``, ``influence``, ``join_rounds`` of :func:`simulate_batch`.
 
     Returns
     -------
     RunHistory
         Per-client detail of the run (a batch of one run).
     """
-    batch = simulate_batch([task], settings, num_rounds, [seed], detail=True, on_round=on_round)
+    batch = simulate_batch([task], settings, num_rounds, [seed], detail=True, on_round=on_round, **options)
     detail = batch.detail
     return RunHistory(
         cluster_models=batch.cluster_models[:, 0],
         routes=batch.routes[:, 0].astype(np.int64),
+        played=batch.played[:, 0],
         masses=batch.masses[:, 0],
         train_losses=detail["train_losses"],
         controllers=detail["controllers"],

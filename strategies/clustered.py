@@ -25,7 +25,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from numpy.typing import NDArray
 
 from fedroute import protocol
-from fedroute.core.randomness import Purpose, generator
+from fedroute.core.federation import FederationState
+from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
+from fedroute.core.participation import Participation, sample_size
 from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation
 from fedroute.monitoring.progress import ensure_console_handler
@@ -41,7 +43,7 @@ from fedroute.strategies.checkpoint import (
     stored_masses,
 )
 from fedroute.strategies.identity import ClientBindings, IdentityRejected
-from fedroute.core.influence import InfluenceBounds, aggregate_round, capped_weights
+from fedroute.core.influence import InfluenceBounds, RoundAggregate, capped_weights
 from fedroute.strategies.records import array_record, arrays_of, pack_cluster_records, unpack_cluster_models
 from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.results import (
@@ -58,6 +60,7 @@ from fedroute.strategies.validation import (
     first_reply_per_client,
     printable,
     validate_evaluate_reply,
+    validate_identity_reply,
     validate_provisional_reply,
     validate_train_reply,
 )
@@ -65,6 +68,7 @@ from fedroute.strategies.validation import (
 __all__ = ["ClusteredRouting"]
 
 logger = logging.getLogger("fedroute")
+
 
 
 class ClusteredRouting(Strategy):
@@ -75,7 +79,12 @@ class ClusteredRouting(Strategy):
     routing : RoutingSettings
         Routing rules sent to the clients each round (``K`` = ``routing.num_clusters``).
     fraction_train : float, default 1.0
-        Fraction of connected nodes sampled per round, in ``(0, 1]``.
+        Fraction of the connected clients sampled per round, in ``(0, 1]``.  Below 1 the
+        strategy samples *clients*, not Flower node ids (:mod:`fedroute.core.participation`:
+        the same seed gives the same clients in every run and in the simulator): it asks a
+        node once which client it serves (an identification ``QUERY``, answered by
+        :func:`fedroute.routing_query`), and the masses the clients receive are estimated
+        from every client's latest report (:mod:`fedroute.core.federation`).
     min_train_nodes : int, default 2
         Minimum nodes per round (≥ 1); also the number waited for before a round.
     min_available_nodes : int, default 2
@@ -120,6 +129,10 @@ class ClusteredRouting(Strategy):
         How much one reply may move a cluster model and the masses (sample-weight
         cap, update-norm bound, robust rule; :mod:`fedroute.core.influence`).
         Default: ``InfluenceBounds()`` (weights capped at 4 × the round's median).
+    report_memory : int, optional
+        Rounds a client's latest report counts in the masses (≥ 1); default: 1 with full
+        participation, else the rounds within which a client is sampled at least once
+        with probability 0.99 (:func:`fedroute.core.participation.report_memory`).
 
     Replies are checked (:mod:`~fedroute.strategies.validation`), and a client id
     is bound to the node that first sent a valid reply for it
@@ -148,6 +161,7 @@ class ClusteredRouting(Strategy):
         starvation_basin: Optional[bool] = None,
         progress_interval: Optional[float] = 5.0,
         influence: Optional[InfluenceBounds] = None,
+        report_memory: Optional[int] = None,
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train = {fraction_train} is invalid; allowed: (0, 1]")
@@ -161,6 +175,7 @@ class ClusteredRouting(Strategy):
         protocol.check_path_name(run_key, "run_key")
         self.routing = routing
         self.fraction_train = fraction_train
+        self.participation = Participation(fraction_train, int(min_train_nodes), report_memory)
         self.min_train_nodes = int(min_train_nodes)
         self.min_available_nodes = int(min_available_nodes)
         self.round_timeout = round_timeout
@@ -177,6 +192,13 @@ class ClusteredRouting(Strategy):
         self._cluster_records: Optional[list[ArrayRecord]] = None
         self._packed: Optional[ArrayRecord] = None
         self.routing_masses: Optional[NDArray[np.float64]] = None
+        """``μ̂``: the masses the clients receive (the federation estimate, :mod:`fedroute.core.federation`)."""
+        self.preferred_masses: Optional[NDArray[np.float64]] = None
+        """``p̂``: the share of the counted clients whose Greedy choice is each cluster."""
+        self.server = server_init(FederationState.of_clients(np.zeros(0, dtype=np.int64), routing.num_clusters),
+                                  1, routing.num_clusters)
+        """The server state besides the models (every client's latest report, the health evidence):
+        :mod:`fedroute.core.server_step`."""
         self.provisional_masses: Optional[NDArray[np.float64]] = None
         self.label = label or run_key
         self.telemetry_dir = Path(telemetry_dir) if telemetry_dir is not None else None
@@ -249,7 +271,8 @@ class ClusteredRouting(Strategy):
                 self.label, self.num_clusters, self.routing.controllers, self._num_rounds,
                 alarm_settings=self.alarm_settings, starvation_basin=self.starvation_basin,
                 telemetry_dir=self.telemetry_dir, tensorboard_dir=self.tensorboard_dir,
-                progress_interval=self.progress_interval, logger=logger)
+                progress_interval=self.progress_interval, logger=logger,
+                random_ties=self.routing.tie_breaking == "random")
         return self.recorder
 
     def summary(self) -> None:
@@ -260,11 +283,15 @@ class ClusteredRouting(Strategy):
                     self.fraction_train)
 
     def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
-        """Wait for enough nodes, then sample deterministically from (seed, round).
+        """Wait for enough nodes, then sample the round's clients (:mod:`fedroute.core.participation`).
 
         ``min_available_nodes`` is waited for once, before the first exchange;
         later rounds need only ``min_train_nodes``, so a lost node does not stop
-        the run (it is left out until it reconnects).
+        the run (it is left out until it reconnects).  With ``fraction_train < 1``
+        the sample is drawn over the *client ids* of the connected nodes (asked once
+        per node, :meth:`_identify`) from ``(seed, client id, t)``, with ``t =
+        server_round − 1`` (the provisional exchange, ``server_round = 0``, uses
+        round 0's sample).
         """
         needed = self.min_train_nodes if self._nodes_ready else max(self.min_available_nodes, self.min_train_nodes)
         deadline = time.monotonic() + self.node_wait_timeout
@@ -274,12 +301,39 @@ class ClusteredRouting(Strategy):
                                    f"min_available_nodes/min_train_nodes require {needed}")
             time.sleep(0.5)
         self._nodes_ready = True
-        sample_size = min(len(node_ids), max(self.min_train_nodes, int(len(node_ids) * self.fraction_train)))
-        if sample_size == len(node_ids):
+        if sample_size(len(node_ids), self.fraction_train, self.min_train_nodes) == len(node_ids):
             return node_ids
-        rng = generator(self.seed, 0, server_round, Purpose.NODE_SAMPLING)
-        # Sample positions, not ids: numpy would turn 64-bit node ids into floats.
-        return sorted(node_ids[int(index)] for index in rng.choice(len(node_ids), size=sample_size, replace=False))
+        client_of_node = self._identify(grid, node_ids, server_round)
+        sampled = set(self.participation.sample(np.array(list(client_of_node.values()), dtype=np.int64), self.seed,
+                                                max(server_round - 1, 0)).tolist())
+        return sorted(node for node, client in client_of_node.items() if client in sampled)
+
+    def _identify(self, grid: Grid, node_ids: Sequence[int], server_round: int) -> dict[int, int]:
+        """Node id → client id of the connected nodes, asking the nodes not bound yet (an identification ``QUERY``).
+
+        A node that does not answer validly is left out of this round's sample and asked
+        again the next round; if no node at all can be identified the run stops, naming the
+        handler the ClientApp lacks.
+        """
+        unknown = [node for node in node_ids if node not in self.bindings.client_of_node]
+        if unknown:
+            config = ConfigRecord({**self.client_config, **protocol.routing_config(self.routing.to_dict()),
+                                   protocol.SEED: self.seed, protocol.RUN_KEY: self.run_key,
+                                   protocol.PHASE: protocol.PHASE_IDENTIFY, protocol.SERVER_ROUND: server_round})
+            messages = [Message(content=RecordDict({protocol.CONFIG: config}), message_type=MessageType.QUERY,
+                                dst_node_id=node) for node in unknown]
+            self._grid = grid
+            self._valid(grid.send_and_receive(messages, timeout=self.round_timeout), validate_identity_reply,
+                        server_round, protocol.PHASE_IDENTIFY)
+        identified = {node: self.bindings.client_of_node[node] for node in node_ids
+                      if node in self.bindings.client_of_node}
+        if not identified:
+            raise RuntimeError(
+                f"partial participation (fraction_train = {self.fraction_train}) samples clients, not nodes, so the "
+                f"strategy asks every node once for its client id with a QUERY message; none of the {len(node_ids)} "
+                "connected nodes answered validly (see the rejected replies). Register a query handler in the "
+                "ClientApp: @app.query() returning fedroute.routing_query(msg, context, model, loss_fn, num_examples)")
+        return identified
 
     def _messages(
         self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]
@@ -329,10 +383,16 @@ class ClusteredRouting(Strategy):
         """Hook after the per-cluster update of a round with valid replies."""
 
     def _masses_config(self, masses: Optional[NDArray[np.float64]]) -> dict[str, Any]:
-        return {
+        """The masses and, when the routing reads it, the server's health view (:mod:`fedroute.core.health`)."""
+        config: dict[str, Any] = {
             protocol.HAS_MASSES: masses is not None,
             protocol.MASSES: [float(m) for m in (masses if masses is not None else np.zeros(self.num_clusters))],
         }
+        if (view := self.server.view) is not None:
+            config.update({protocol.EXPLORE: bool(view.explore[0]),
+                           protocol.MERGED_INTO: [int(k) for k in view.merged_into[0]],
+                           protocol.SPARE: [bool(flag) for flag in view.spare[0]]})
+        return config
 
     def _valid(self, replies: Iterable[Message], validate: Callable[[Mapping[str, Any]], Any],
                server_round: int, phase: str) -> list[Any]:
@@ -480,6 +540,8 @@ class ClusteredRouting(Strategy):
         """What a checkpoint must match to be resumed."""
         return {"class": type(self).__name__, "routing": self.routing.to_dict(), "seed": self.seed,
                 "run_key": self.run_key, "influence": self.influence.to_dict(),
+                "participation": {"fraction": float(self.fraction_train), "min_clients": self.min_train_nodes,
+                                  "report_rounds": self.participation.report_rounds},
                 "template": {name: [list(value.shape), str(value.dtype)] for name, value in self.cluster_models[0].items()}}
 
     def _checkpoint_arrays(self) -> dict[str, NDArray]:
@@ -502,6 +564,8 @@ class ClusteredRouting(Strategy):
             "server_round": server_round,
             "routing_masses": None if self.routing_masses is None else self.routing_masses.tolist(),
             "provisional_masses": None if self.provisional_masses is None else self.provisional_masses.tolist(),
+            "preferred_masses": None if self.preferred_masses is None else self.preferred_masses.tolist(),
+            "server": self.server.to_json(),
             "history": self.history,
             "client_routes": {str(t): {str(c): r for c, r in routes.items()} for t, routes in self.client_routes.items()},
             "rejected": self.rejections.to_json(),
@@ -524,6 +588,8 @@ class ClusteredRouting(Strategy):
             self._restore_arrays(arrays)
             self.routing_masses = stored_masses(meta["routing_masses"], self.num_clusters)
             self.provisional_masses = stored_masses(meta["provisional_masses"], self.num_clusters)
+            self.preferred_masses = stored_masses(meta["preferred_masses"], self.num_clusters)
+            self.server = ServerState.from_json(meta["server"])
             self.history = list(meta["history"])
             self.client_routes = {int(t): {int(c): int(r) for c, r in routes.items()}
                                   for t, routes in meta["client_routes"].items()}
@@ -574,6 +640,7 @@ class ClusteredRouting(Strategy):
             protocol.SERVER_ROUND: server_round,
             protocol.ROUND_INDEX: server_round - 1,
             protocol.NUM_ROUNDS: self._num_rounds,
+            protocol.SAMPLED_FRACTION: float(self.fraction_train),
             **self._masses_config(self.routing_masses),
         }
         return self._messages(node_ids, MessageType.TRAIN, round_config)
@@ -581,26 +648,19 @@ class ClusteredRouting(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Validate, hard-update per cluster, compute masses, record the round (telemetry and alarms)."""
+        """Validate, run the server step (:func:`~fedroute.core.server_step.server_step`), record the round."""
         template = self.cluster_models[0]
         valid: list[TrainReply] = self._valid(replies, self._validate_train, server_round, protocol.PHASE_TRAIN)
         previous = [dict(model) for model in self.cluster_models]
-        if valid:
-            routes = np.array([reply.cluster for reply in valid], dtype=np.int64)
-            flat_models = protocol.stack_flat([reply.model for reply in valid], protocol.flat_dtype(template))
-            current = protocol.stack_flat(self.cluster_models)
-            outcome = aggregate_round(current, flat_models, routes, np.array([r.num_examples for r in valid]),
-                                      self.influence)
-            for reply in (reply for reply, kept in zip(valid, outcome.kept) if not kept):
-                self._reject(server_round, protocol.PHASE_TRAIN, reply.node_id,
-                             f"the aggregate of cluster {reply.cluster} is not finite; the cluster keeps its model")
-            valid = [reply for reply, kept in zip(valid, outcome.kept) if kept]
-            self.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]
-            if valid:
-                self.routing_masses = outcome.masses
-                self._after_hard_update(valid)
-        else:
+        if not valid:
             logger.warning("round %d: no valid reply; cluster models and masses unchanged", server_round)
+        outcome = self._server_step(server_round - 1, valid, template)
+        for reply in (reply for reply, kept in zip(valid, outcome.kept) if not kept):
+            self._reject(server_round, protocol.PHASE_TRAIN, reply.node_id,
+                         f"the aggregate of cluster {reply.cluster} is not finite; the cluster keeps its model")
+        valid = [reply for reply, kept in zip(valid, outcome.kept) if kept]
+        if valid:
+            self._after_hard_update(valid)
         changed = [any(not np.array_equal(before[name], after[name]) for name in before)
                    for before, after in zip(previous, self.cluster_models)]
         replies_seen = ClientReplies.from_metrics(
@@ -612,7 +672,8 @@ class ClusteredRouting(Strategy):
             [entry for entry in self.rejections.entries
              if entry["server_round"] == server_round and entry["phase"] == protocol.PHASE_TRAIN],
             time.monotonic() - getattr(self, "_round_started", time.monotonic()),
-            rejected_count=self.rejections.count(server_round, protocol.PHASE_TRAIN))
+            rejected_count=self.rejections.count(server_round, protocol.PHASE_TRAIN),
+            spare=None if self.server.view is None else self.server.view.spare[0])
         self.history.append(record)  # type: ignore[arg-type]
         self.client_routes[server_round - 1] = {reply.client_id: reply.cluster for reply in valid}
         cluster_metrics = aggregate_cluster_metrics(
@@ -627,6 +688,28 @@ class ClusteredRouting(Strategy):
             **cluster_metric_record(cluster_metrics),
         })
         return self._packed_models(), metrics
+
+    def _server_step(self, round_index: int, valid: Sequence[TrainReply], template: Mapping[str, NDArray]
+                     ) -> RoundAggregate:
+        """The server step on the round's valid replies (client-id order): models, ``μ̂``, ``p̂``, the health view."""
+        federation, rows = self.server.federation.positions(np.array([r.client_id for r in valid], dtype=np.int64))
+        replies = RoundReplies(
+            rows=rows, routes=np.array([r.cluster for r in valid], dtype=np.int64),
+            preferred=np.array([r.preferred for r in valid], dtype=np.int64),
+            num_examples=np.array([r.num_examples for r in valid], dtype=np.float64),
+            losses=np.array([r.metrics[protocol.LOSSES] for r in valid], dtype=np.float64).reshape(
+                len(valid), self.num_clusters),
+            trained_models=protocol.stack_flat([r.model for r in valid], protocol.flat_dtype(template))
+            if valid else np.zeros((0, protocol.stack_flat(self.cluster_models[:1]).shape[1])))
+        outcome, self.server = server_step(protocol.stack_flat(self.cluster_models), replace(self.server,
+                                           federation=federation), replies, round_index, self.routing,
+                                           self.participation, self.influence)
+        if valid:
+            self.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]
+        if self.server.estimate.reporting[0] > 0:
+            self.routing_masses = self.server.estimate.masses[0]
+            self.preferred_masses = self.server.estimate.preferred_masses[0]
+        return outcome
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -27,8 +27,9 @@ from numpy.typing import NDArray
 from fedroute import protocol
 from fedroute.strategies.records import NPY_HEADER_LIMIT, decode_array
 
-__all__ = ["TrainReply", "ProvisionalReply", "EvaluateReply", "ReplyRejected",
-           "validate_train_reply", "validate_provisional_reply", "validate_evaluate_reply", "validate_model_record",
+__all__ = ["TrainReply", "ProvisionalReply", "IdentityReply", "EvaluateReply", "ReplyRejected",
+           "validate_train_reply", "validate_provisional_reply", "validate_identity_reply", "validate_evaluate_reply",
+           "validate_model_record",
            "MAX_NUM_EXAMPLES", "MIN_NUM_EXAMPLES", "printable", "describe", "ROUTE_DISTRIBUTION_TOLERANCE"]
 
 MAX_NUM_EXAMPLES = 10**9
@@ -109,6 +110,17 @@ class TrainReply:
     """The user's ``train_fn`` metrics (MetricRecord ``train-metrics``), if the reply has them."""
     node_id: int = -1
     """The Flower node the reply came from (set by the strategy; -1 = unknown)."""
+    preferred: int = -1
+    """The client's Greedy choice (metric ``preferred``; the lowest reported loss when it is missing)."""
+
+
+@dataclass(frozen=True)
+class IdentityReply:
+    """A validated identification (partial participation: which client a node serves)."""
+
+    client_id: int
+    num_examples: float
+    node_id: int = -1
 
 
 @dataclass(frozen=True)
@@ -317,12 +329,14 @@ def validate_train_reply(
     cluster = _integer(metrics, protocol.CLUSTER, 0, num_clusters - 1)
     client_id = _integer(metrics, protocol.CLIENT_ID, 0, 2**62)
     num_examples = _num_examples(metrics)
-    _vector(metrics, protocol.LOSSES, num_clusters)
+    losses = _vector(metrics, protocol.LOSSES, num_clusters)
     _route_distribution(metrics, num_clusters, cluster)
     _optional_metrics(metrics, num_clusters if num_arms is None else num_arms)
+    preferred = _integer(metrics, protocol.PREFERRED, 0, num_clusters - 1) if protocol.PREFERRED in metrics \
+        else int(np.argmin(losses))
     model = validate_model_record(content, protocol.MODEL, template)
     return TrainReply(client_id=client_id, cluster=cluster, num_examples=num_examples, model=model, metrics=metrics,
-                      train_metrics=validate_train_metrics(content))
+                      train_metrics=validate_train_metrics(content), preferred=preferred)
 
 
 def validate_provisional_reply(content: Mapping[str, Any], num_clusters: int) -> ProvisionalReply:
@@ -333,6 +347,12 @@ def validate_provisional_reply(content: Mapping[str, Any], num_clusters: int) ->
         cluster=_integer(metrics, protocol.CLUSTER, 0, num_clusters - 1),
         num_examples=_num_examples(metrics),
     )
+
+
+def validate_identity_reply(content: Mapping[str, Any]) -> IdentityReply:
+    """Check an identification (client-id, num-examples)."""
+    metrics = _metrics(content)
+    return IdentityReply(client_id=_integer(metrics, protocol.CLIENT_ID, 0, 2**62), num_examples=_num_examples(metrics))
 
 
 def validate_evaluate_reply(content: Mapping[str, Any], num_clusters: int) -> EvaluateReply:

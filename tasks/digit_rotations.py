@@ -88,6 +88,11 @@ class DecayedClients(CharactersClients):
         return glob, cluster
 
 
+def _mirrored(images: NDArray, group: int) -> NDArray:
+    """Groups 4–7 see the images transposed (then rotated like groups 0–3)."""
+    return np.swapaxes(images, 1, 2) if group >= 4 else images
+
+
 @dataclass(frozen=True)
 class DigitRotationsTask:
     """Configuration of the rotated-digits task (see the module docstring).
@@ -98,7 +103,9 @@ class DigitRotationsTask:
         ``n``, a multiple of ``num_groups`` with at most 1,797 / 5 clients per group;
         client ``c`` is in group ``c mod G``.
     num_groups : int
-        ``G`` in ``1..4``: rotations by 0°, 90°, 180°, 270°.
+        ``G`` in ``1..8``: rotations by 0°, 90°, 180°, 270° (groups 0–3), then the same
+        rotations of the transposed (mirrored) images (groups 4–7: the eight symmetries
+        of the square).
     test_fraction : float
         Held-out share of each client's images, in ``(0, 1)``.
     hidden_units : int
@@ -129,7 +136,7 @@ class DigitRotationsTask:
             self, "digit-rotations", ("num_clients", "num_groups", "hidden_units", "local_steps", "seed"),
             ("test_fraction", "learning_rate", "weight_decay"),
             lambda: [
-                (1 <= self.num_groups <= 4, "num-groups", self.num_groups, "an integer in [1, 4]"),
+                (1 <= self.num_groups <= 8, "num-groups", self.num_groups, "an integer in [1, 8]"),
                 (self.num_clients % self.num_groups == 0
                  and self.num_groups <= self.num_clients <= self.num_groups * per_group_limit,
                  "num-clients", self.num_clients,
@@ -148,7 +155,7 @@ class DigitRotationsTask:
         return mlp_num_parameters(_PIXELS, self.hidden_units, _CLASSES)
 
     def groups(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
-        """Latent group (quarter turns) of each client (evaluation only)."""
+        """Latent group (quarter turns, then mirrored quarter turns) of each client (evaluation only)."""
         return np.asarray(client_ids, dtype=np.int64) % self.num_groups
 
     def _lengths(self) -> tuple[int, int]:
@@ -168,7 +175,8 @@ class DigitRotationsTask:
         for client, group in zip(client_ids, groups):
             order = generator(self.seed, group, 0, Purpose.DATA).permutation(len(labels))
             chosen = order[client // self.num_groups::per_group]
-            pixels = np.rot90(images[chosen], k=int(group), axes=(1, 2)).reshape(len(chosen), -1)
+            pixels = np.rot90(_mirrored(images[chosen], int(group)), k=int(group) % 4,
+                              axes=(1, 2)).reshape(len(chosen), -1)
             held_out = int(round(self.test_fraction * len(chosen)))
             test.append((pixels[:held_out], labels[chosen][:held_out]))
             train.append((pixels[held_out:], labels[chosen][held_out:]))

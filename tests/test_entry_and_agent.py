@@ -197,10 +197,10 @@ def test_block_mode_update_only_at_block_end_with_hand_value():
 
 
 def test_block_mode_update_uses_probability_at_draw():
-    # Mid-block state set by hand: arm rh drawn with p = 0.4, one round of feedback 0.3 so far.
+    # Mid-block state set by hand: arm rh drawn with p = 0.4, one round (τ = 0) of feedback 0.3 so far.
     settings = RoutingSettings(num_clusters=2, controllers=("gr", "rh"), block_length=2, exp3_learning_rate=2.0)
     state = replace(AgentState.initial(1, settings), arm=np.array([1]), arm_probability=np.array([0.4]),
-                    feedback_sum=np.array([0.3]), feedback_rounds=np.array([1]))
+                    feedback_sum=np.array([0.3]), feedback_rounds=np.array([1]), rounds_played=np.array([1]))
     state, decision = _step(state, settings, [[2.0, 4.0]], None, 1)
     # f = mean(0.5, 1) = 0.75; mean = (0.3 + 0.75) / 2 = 0.525; v[1] = -2 * 0.525 / 0.4 = -2.625
     np.testing.assert_allclose(decision.feedback, [0.75])

@@ -14,7 +14,11 @@ the same cluster models ``W^0 … W^T`` within the case's tolerance:
 * ``characters``: synchronized entry (EXP3 over {gr, hys} in action mode) on the
   torch task, 4 clients, 5 rounds, ``α = 0.7``: the two transformed clients
   enter cluster 1 at the synchronized entry, the clean ones stay; float32
-  models, see :data:`CHARACTERS_ATOL`.
+  models, see :data:`CHARACTERS_ATOL`;
+* ``partial``: partial participation (``fraction-train = 0.25``: 4 of 16 clients a
+  round, sampled from the client ids) with the generic default (exploration on
+  evidence, the server's health view) on the linear task's collapsed start, 30
+  rounds; the simulator samples the same clients; float64, ``atol = 1e-12``.
 
 The linear run is also shared by the tests of the results files; a further run
 uses a ClientApp whose partitions 0–3 send malformed replies.
@@ -34,6 +38,7 @@ import pandas as pd
 import pytest
 
 from fedroute.core.controllers import COMMITMENT, CONTROLLER_IDS, REVERSAL
+from fedroute.core.participation import Participation
 from fedroute.server.launcher import run_flower_app
 from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.fedcam import simulate_fedcam_batch
@@ -89,6 +94,12 @@ def _transformed_clients_enter(settings: RunSettings, histories: dict[str, Any],
     np.testing.assert_array_equal(np.flatnonzero(histories["sync-entry"].entered[0]), [2, 3])  # group 1
 
 
+def _partial_participation_explores(settings: RunSettings, histories: dict[str, Any], rounds: pd.DataFrame) -> None:
+    played = histories["exp3"].played
+    assert (played.sum(axis=1) == 4).all() and played.any(axis=0).all()   # 4 of 16 a round; everyone plays
+    assert (histories["exp3"].arms >= 0).any(), "the collapsed start must turn exploration on"
+
+
 CASES = {
     "linear": Case(RUN_CONFIG, atol=1e-12, check=_some_enter_some_stay_out),
     "housing": Case({"task": "housing", "method": "exp3", "num-clients": 4, "num-server-rounds": 10, "seed": 3,
@@ -97,6 +108,9 @@ CASES = {
     "characters": Case({"task": "characters", "method": "sync-entry", "num-clients": 4, "num-server-rounds": 5,
                         "seed": 0, "alpha": 0.7, "pretrain-epochs": 5, "save-round-models": True},
                        atol=CHARACTERS_ATOL, check=_transformed_clients_enter),
+    "partial": Case({"method": "greedy,exp3,sync-entry", "preset": "generic", "num-clients": 16,
+                     "num-server-rounds": 30, "seed": 5, "fraction-train": 0.25, "save-round-models": True},
+                    atol=1e-12, check=_partial_participation_explores),
 }
 
 
@@ -137,7 +151,9 @@ def _full_run_config(repository: Path, overrides: dict[str, Any]) -> dict:
 def _simulated(settings: RunSettings, method: str) -> Any:
     """The batched simulator's history of one method (FedCAM: its own simulator, combined models)."""
     if method != "fedcam":
-        return simulate(settings.task, settings.routing[method], settings.num_rounds, settings.seed)
+        return simulate(settings.task, settings.routing[method], settings.num_rounds, settings.seed,
+                        participation=Participation(settings.fraction_train, settings.min_train_nodes,
+                                                    settings.report_memory), influence=settings.influence)
     batch = simulate_fedcam_batch([settings.task], settings.routing[method], settings.num_rounds, [settings.seed])
     return SimpleNamespace(routes=batch.routes[:, 0].astype(np.int64), masses=batch.masses[:, 0],
                            cluster_models=batch.cluster_models[:, 0], entered=np.zeros_like(batch.routes[:, 0]))
@@ -156,8 +172,9 @@ def test_flower_equals_the_simulator_at_every_round(case: str, flower_runs: Call
     largest_difference = 0.0
     for method, history in histories.items():
         table = routes[routes.method == method].pivot(index="round_index", columns="client_id", values="cluster")
-        assert table.shape == (num_rounds, num_clients), method
-        np.testing.assert_array_equal(table.to_numpy(), history.routes, err_msg=method)
+        table = table.reindex(index=range(num_rounds), columns=range(num_clients)).fillna(-1)
+        played = getattr(history, "played", np.ones(history.routes.shape, dtype=bool))
+        np.testing.assert_array_equal(table.to_numpy(), np.where(played, history.routes, -1), err_msg=method)
         mine = rounds[rounds.method == method].sort_values("round_index")
         np.testing.assert_array_equal(mine.round_index, np.arange(num_rounds))
         clusters = range(settings.routing[method].num_clusters)

@@ -34,17 +34,49 @@ def test_a_lost_node_does_not_block_later_rounds() -> None:
         strategy._sample_nodes(FakeGrid([1]), 3)  # below min_train_nodes
 
 
-def test_partial_participation_is_deterministic() -> None:
-    nodes = list(range(10, 30))
-    first = _strategy(fraction_train=0.25, seed=3)._sample_nodes(FakeGrid(nodes), 5)
-    again = _strategy(fraction_train=0.25, seed=3)._sample_nodes(FakeGrid(list(reversed(nodes))), 5)
-    other_round = _strategy(fraction_train=0.25, seed=3)._sample_nodes(FakeGrid(nodes), 6)
-    assert first == again and len(first) == 5 and set(first) <= set(nodes)
-    assert other_round != first
+class IdentifyingGrid(FakeGrid):
+    """Nodes that answer the identification QUERY: node ``node_ids[i]`` serves client ``i``."""
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Message, MetricRecord, RecordDict
+
+        from fedroute import protocol
+
+        client_of = {node: i for i, node in enumerate(self.node_ids)}
+        self.asked = getattr(self, "asked", 0) + len(list(messages))
+        return [Message(content=RecordDict({protocol.METRICS: MetricRecord({
+                    protocol.CLIENT_ID: client_of[m.metadata.dst_node_id], protocol.NUM_EXAMPLES: 10})}),
+                        reply_to=m) for m in messages]
 
 
-def test_sampled_ids_are_exact_64_bit_node_ids() -> None:
+@pytest.fixture()
+def server_identity():
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    yield
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
+
+
+def test_partial_participation_samples_clients_not_node_ids(server_identity) -> None:
+    """The same clients are sampled whatever node ids Flower drew for them (and in whatever order)."""
+    first_nodes, other_nodes = list(range(10, 30)), [2**62 + 7 * i for i in range(20)][::-1]
+    first_grid, other_grid = IdentifyingGrid(first_nodes), IdentifyingGrid(other_nodes[::-1])
+    first = _strategy(fraction_train=0.25, seed=3)
+    other = _strategy(fraction_train=0.25, seed=3)
+    picked = first._sample_nodes(first_grid, 5)
+    clients = sorted(first.bindings.client_of_node[node] for node in picked)
+    assert len(picked) == 5 and set(picked) <= set(first_nodes)
+    again = other._sample_nodes(other_grid, 5)
+    assert sorted(other.bindings.client_of_node[node] for node in again) == clients
+    assert first._sample_nodes(first_grid, 6) != picked                       # another round, another sample
+    assert first_grid.asked == 20                                             # each node is asked once only
+
+
+def test_sampled_ids_are_exact_64_bit_node_ids(server_identity) -> None:
     nodes = [2**62 + 12345 + 7 * i for i in range(40)]  # Flower's node ids are 64-bit integers
-    sampled = _strategy(fraction_train=0.1, seed=1)._sample_nodes(FakeGrid(nodes), 2)
+    sampled = _strategy(fraction_train=0.1, seed=1)._sample_nodes(IdentifyingGrid(nodes), 2)
     assert len(sampled) == 4 and set(sampled) <= set(nodes)
     assert all(isinstance(node, int) for node in sampled)

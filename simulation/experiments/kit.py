@@ -250,19 +250,21 @@ class RunLosses:
         return losses.reshape(len(states), self.num_clients, -1)
 
 
-def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarray, rounds: Sequence[int]
-                       ) -> dict[int, np.ndarray]:
+def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarray, rounds: Sequence[int],
+                       plays: Optional[Callable[[int], np.ndarray]] = None) -> dict[int, np.ndarray]:
     """Each group's model trained on that group alone, for a batch of runs: every client of group ``g`` trains model
     ``g`` of its run and the hard update averages them (the routing loop with each group routed to its own cluster),
-    from ``models`` (R, G, P); returns the models at every ``t`` in ``rounds``."""
-    groups, rows, last = clients.groups, np.arange(len(clients.groups)), max(rounds)
+    from ``models`` (R, G, P); returns the models at every ``t`` in ``rounds``.  With ``plays`` (``t`` → which
+    clients play round ``t``, e.g. the run's partial participation) only those clients train in round ``t``."""
+    groups, last = clients.groups, max(rounds)
     kept = {}
     for t in range(last + 1):
         if t in rounds:
             kept[t] = models
         if t < last:
-            trained = clients.local_update(models[run_of_client, groups], rows, t)
-            models = hard_update(models, trained, groups, clients.num_examples, run_of_client)
+            rows = np.arange(len(groups)) if plays is None else np.flatnonzero(plays(t))
+            trained = clients.local_update(models[run_of_client[rows], groups[rows]], rows, t)
+            models = hard_update(models, trained, groups[rows], clients.num_examples[rows], run_of_client[rows])
     return kept
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache, partial
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -45,17 +45,19 @@ from fedroute.tasks.boundaries import BoundariesTask
 from fedroute.tasks.collinear import CollinearTask
 from fedroute.tasks.digit_rotations import DigitRotationsTask
 from fedroute.tasks.gmm import GMMTask
+from fedroute.tasks.heterogeneity import Heterogeneity, HeterogeneousTask
+from fedroute.core.participation import Participation, participating
 
-__all__ = ["Scenario", "SCENARIOS", "STARTS", "STUDY_VARIANTS", "ScenarioConfig", "StartedTask", "initial_models",
+__all__ = ["Scenario", "SCENARIOS", "FAMILIES", "STARTS", "STUDY_VARIANTS", "ScenarioConfig", "StartedTask", "initial_models",
            "reference_losses", "reduce_scenario", "scenario_claims", "RUNS_COLUMNS", "RATES_COLUMNS",
            "REFERENCES_COLUMNS", "EXPERIMENT"]
 
 RUNS_COLUMNS = ("method", "scenario", "start", "seed", "separated", "group_models", "group_losses", "routed_test_loss",
-                "eval_test_loss", "usable_models", "assignment_accuracy", "worst_ratio", "converged",
-                "greedy_converged", "no_harm")
+                "eval_test_loss", "usable_models", "assignment_accuracy", "group_ratios", "worst_ratio", "converged",
+                "greedy_converged", "no_harm", "group_harm")
 RATES_COLUMNS = ("runs", "separated", "converged", "greedy_failures", "recovered_of_greedy_failures", "recovery_rate",
                  "greedy_successes", "no_harm_of_greedy_successes", "no_harm_rate", "mean_routed_test_loss",
-                 "median_worst_ratio")
+                 "median_worst_ratio", "max_worst_ratio", "group_harm_runs")
 """Columns of ``summary.*`` after ``scenario, start, method`` and of ``methods.*`` after ``method``."""
 REFERENCES_COLUMNS = ("scenario", "start", "seed", "reference_losses", "half_horizon_losses", "half_horizon_ratio")
 
@@ -77,29 +79,37 @@ STARTS = ("warm", "noisy", "random", "collapsed")
 # --------------------------------------------------------------------------- #
 # Scenarios and their tasks (module-level builders: cells travel to Ray workers)
 # --------------------------------------------------------------------------- #
-def _digits(seed: int) -> DigitRotationsTask:
-    return DigitRotationsTask(num_clients=24, seed=seed)
+def _digits(seed: int, num_clients: int = 24, num_groups: int = 4) -> DigitRotationsTask:
+    return DigitRotationsTask(num_clients=num_clients, num_groups=num_groups, seed=seed)
 
 
-def _boundaries(seed: int) -> BoundariesTask:
-    return BoundariesTask(seed=seed)
+def _boundaries(seed: int, num_clients: int = 15, num_groups: int = 3) -> BoundariesTask:
+    return BoundariesTask(num_clients=num_clients, num_groups=num_groups, seed=seed)
 
 
-def _collinear(seed: int) -> CollinearTask:
+def _collinear(seed: int, num_clients: int = 30, num_groups: int = 3) -> CollinearTask:
     return CollinearTask(init="spread", seed=seed)
 
 
-def _gmm(seed: int) -> GMMTask:
+def _gmm(seed: int, num_clients: int = 30, num_groups: int = 3) -> GMMTask:
     return GMMTask(seed=seed)
 
 
-_TASKS: dict[str, Callable[[int], Task]] = {
+_TASKS: dict[str, Callable[..., Task]] = {
     "digits": _digits, "boundaries": _boundaries, "collinear": _collinear, "gmm": _gmm}
+_DEFAULT_CLIENTS = {"digits": 24, "boundaries": 15, "collinear": 30, "gmm": 30}
+
+FAMILIES = ("balanced", "participation", "minority", "samples", "skew", "clusters", "late")
+"""Scenario families: ``balanced`` (the first suite: equal, clean groups, every client every round),
+``participation`` (a fraction of the clients per round), ``minority`` (a group of 10 % of the clients,
+clean or with 30 % label noise), ``samples`` (log-normal sample counts, a data-poor group), ``skew``
+(Dirichlet label skew inside every group), ``clusters`` (``K < G``, ``K > G``, ``G = K = 8``), ``late``
+(a whole group joins at ``T/3``)."""
 
 
 @dataclass(frozen=True)
 class Scenario:
-    """A task, ``K``, ``T`` and the starts it is run from.
+    """A task, ``K``, ``T``, the starts it is run from and the federation it runs in.
 
     Attributes
     ----------
@@ -118,6 +128,17 @@ class Scenario:
     quick_rounds : int
         ``T`` of ``--quick``.
     description : str
+    family : str
+        One of :data:`FAMILIES`.
+    num_clients : int
+        Clients of the base task (0: the task's own number).
+    heterogeneity : Heterogeneity
+        Group sizes, label noise, sample counts, label skew (:mod:`fedroute.tasks.heterogeneity`;
+        the default changes nothing).
+    fraction : float
+        Share of the clients sampled per round (``fraction_train``).
+    late_group : bool
+        The last group's clients join at ``T/3`` (they cannot be sampled before).
     """
 
     name: str
@@ -129,16 +150,39 @@ class Scenario:
     starts: tuple[str, ...]
     quick_rounds: int
     description: str
+    family: str = "balanced"
+    num_clients: int = 0
+    heterogeneity: Heterogeneity = Heterogeneity()
+    fraction: float = 1.0
+    late_group: bool = False
 
     def make_task(self, seed: int) -> Task:
         """The scenario's task for one seed (data and the task's own initialisation)."""
-        return _TASKS[self.task](seed)
+        base = _TASKS[self.task](seed, self.num_clients or _DEFAULT_CLIENTS[self.task], self.num_groups)
+        return base if self.heterogeneity == Heterogeneity() else HeterogeneousTask(base, self.heterogeneity)
 
+    def participation(self) -> Participation:
+        """Who plays a round (every client by default)."""
+        return Participation(fraction=self.fraction, min_clients=1)
+
+    def join_rounds(self, rounds: int) -> NDArray[np.int64] | None:
+        """First round each client can play (the last group's clients from ``T/3``), or None."""
+        if not self.late_group:
+            return None
+        groups = self.make_task(0).groups(np.arange(self.make_task(0).num_clients))
+        return np.where(groups == self.num_groups - 1, rounds // 3, 0).astype(np.int64)
+
+
+_DIGITS_40 = dict(task="digits", num_clusters=4, num_groups=4, rounds=250, warm_rounds=20, quick_rounds=60,
+                  num_clients=40)
+_DIGITS_24 = dict(task="digits", num_clusters=4, num_groups=4, rounds=250, warm_rounds=20, quick_rounds=60)
+_BOUNDARIES = dict(task="boundaries", num_clusters=3, num_groups=3, rounds=100, warm_rounds=20, quick_rounds=30)
+_STARTS = ("warm", "noisy", "random")
 
 SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
-    Scenario("digits", "digits", 4, 4, 250, 20, ("warm", "noisy", "random"), 80,
+    Scenario("digits", "digits", 4, 4, 250, 20, _STARTS, 80,
              "digits MLP 64-32-10, 4 rotation groups (0/90/180/270 deg), 24 clients, K = 4"),
-    Scenario("boundaries", "boundaries", 3, 3, 100, 20, ("warm", "noisy", "random"), 30,
+    Scenario("boundaries", "boundaries", 3, 3, 100, 20, _STARTS, 30,
              "2-16-2 MLP, 3 groups with decision boundaries rotated by 0/120/240 deg, 15 clients, K = 3"),
     Scenario("collinear", "collinear", 3, 3, 100, 20, ("warm", "noisy", "random", "collapsed"), 30,
              "linear regression, 3 collinear groups (theta = -4, 0, +4 e_0), 30 clients, K = 3"),
@@ -146,8 +190,52 @@ SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
              "the paper's GMM task (E5, logistic regression), 3 groups, 30 clients, K = 3"),
     Scenario("gmm-k4", "gmm", 4, 3, 200, 20, ("warm", "noisy", "random", "collapsed"), 40,
              "the GMM task over-provisioned: K = G + 1 = 4"),
+    # Partial participation: 40 clients (10 per group), a fraction of them per round.
+    *(Scenario(f"digits-p{round(100 * f)}", **_DIGITS_40, starts=_STARTS, family="participation", fraction=f,
+               description=f"digits, 40 clients, {f:.0%} of them per round, K = 4")
+      for f in (0.5, 0.25, 0.1)),
+    Scenario("boundaries-p25", **{**_BOUNDARIES, "num_clients": 40}, starts=_STARTS, family="participation",
+             fraction=0.25, description="boundaries, 40 clients, 25 % of them per round, K = 3"),
+    # A minority group of 10 % of the clients (3 of 30), clean or with 30 % label noise.
+    Scenario("digits-minority", **{**_DIGITS_24, "num_clients": 36}, starts=_STARTS, family="minority",
+             heterogeneity=Heterogeneity(group_sizes=(9, 9, 9, 3)),
+             description="digits, groups of 9, 9, 9 and 3 clients (a 10 % minority), K = 4"),
+    Scenario("digits-minority-noisy", **{**_DIGITS_24, "num_clients": 36}, starts=_STARTS, family="minority",
+             heterogeneity=Heterogeneity(group_sizes=(9, 9, 9, 3), label_noise=(0.0, 0.0, 0.0, 0.3)),
+             description="digits, a 10 % minority group with 30 % of its training labels wrong, K = 4"),
+    Scenario("boundaries-minority-noisy", **{**_BOUNDARIES, "num_clients": 27}, starts=_STARTS, family="minority",
+             heterogeneity=Heterogeneity(group_sizes=(9, 9, 2), label_noise=(0.0, 0.0, 0.3)),
+             description="boundaries, groups of 9, 9 and 2 clients, the minority with 30 % label noise, K = 3"),
+    # Sample counts: log-normal per client; one data-poor group.
+    Scenario("digits-lognormal", **_DIGITS_24, starts=_STARTS, family="samples",
+             heterogeneity=Heterogeneity(sample_sigma=1.0),
+             description="digits, log-normal sample counts (sigma = 1: 5 to 75 training images), K = 4"),
+    Scenario("digits-poor", **_DIGITS_24, starts=_STARTS, family="samples",
+             heterogeneity=Heterogeneity(poor_groups=(3,), poor_share=0.25),
+             description="digits, group 3 keeps a quarter of its samples (8 % of all), K = 4"),
+    # Label skew inside every group.
+    Scenario("digits-skew", **_DIGITS_24, starts=_STARTS, family="skew",
+             heterogeneity=Heterogeneity(label_skew=0.5),
+             description="digits, Dirichlet(0.5) label skew inside every rotation group, K = 4"),
+    Scenario("boundaries-skew", **_BOUNDARIES, starts=_STARTS, family="skew",
+             heterogeneity=Heterogeneity(label_skew=0.5),
+             description="boundaries, Dirichlet(0.5) label skew inside every group, K = 3"),
+    # Clusters against groups.
+    Scenario("digits-k3", **{**_DIGITS_24, "num_clusters": 3}, starts=_STARTS, family="clusters",
+             description="digits, K = 3 < G = 4"),
+    Scenario("digits-k6", **{**_DIGITS_24, "num_clusters": 6}, starts=_STARTS, family="clusters",
+             description="digits, K = 6 > G = 4 (two spare clusters)"),
+    Scenario("digits-g8", **{**_DIGITS_24, "num_clusters": 8, "num_groups": 8, "num_clients": 48}, starts=_STARTS,
+             family="clusters", description="digits, 8 groups (the square's symmetries), 48 clients, K = 8"),
+    # A group that joins late.
+    Scenario("digits-late", **_DIGITS_24, starts=_STARTS, family="late", late_group=True,
+             description="digits, group 3's clients join at T/3, K = 4"),
 )}
 """The suite's scenarios, by name."""
+
+QUICK_SCENARIOS = (*(name for name, scenario in SCENARIOS.items() if scenario.family == "balanced"),
+                   "boundaries-p25", "boundaries-minority-noisy", "boundaries-skew")
+"""``--quick``: the first suite and the cheap (boundaries) member of three new families."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,12 +329,16 @@ def make_cell_task(cell: dict[str, Any]) -> StartedTask:
 # --------------------------------------------------------------------------- #
 # The alone references
 # --------------------------------------------------------------------------- #
-def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequence[int]
+def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequence[int],
+                     scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None,
                      ) -> dict[int, NDArray[np.float64]]:
     """Per run and group, the held-out loss of a model trained on that group alone from ``w_0^0``.
 
     Every client of group ``g`` trains the group's model and the hard update averages them
-    (the routing loop with each group routed to its own cluster), for all runs at once.
+    (the routing loop with each group routed to its own cluster), for all runs at once.  In a
+    scenario with partial participation or a late group (``scenario`` and the runs' ``seeds``
+    given) only the clients that play a round in the routing runs train in it: the reference
+    is per-group training in the same federation.
 
     Returns
     -------
@@ -257,11 +349,24 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
     losses = RunLosses(tasks)
     groups = losses.clients.groups.reshape(len(tasks), -1)                # (R, n)
     start = np.stack([np.repeat(np.asarray(task.start_models[:1]), num_groups, axis=0) for task in tasks])
+    plays = None
+    if scenario is not None and (scenario.fraction < 1 or scenario.late_group):
+        plays = partial(_plays, losses.clients.client_ids, losses.run_of_client, np.asarray(seeds)[losses.run_of_client],
+                        len(tasks), scenario.participation(), scenario.join_rounds(max(rounds)), tasks[0].num_clients)
     result = {}
-    for t, models in train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds]).items():
+    trained = train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds], plays)
+    for t, models in trained.items():
         own = np.take_along_axis(losses(models, "test"), groups[..., None], axis=2)[..., 0]   # (R, n)
         result[t] = np.stack([[own[r, groups[r] == g].mean() for g in range(num_groups)] for r in range(len(tasks))])
     return result
+
+
+def _plays(client_ids: NDArray[np.int64], run_index: NDArray[np.int64], seeds: NDArray[np.int64], num_runs: int,
+           participation: Participation, join_rounds: Optional[NDArray[np.int64]], num_clients: int,
+           round_index: int) -> NDArray[np.bool_]:
+    """Which clients play round ``t`` of a scenario's runs (the simulator's own draw)."""
+    joins = np.zeros(len(client_ids), np.int64) if join_rounds is None else np.tile(join_rounds, num_runs)
+    return participating(client_ids, run_index, seeds, num_runs, round_index, participation, joins <= round_index)
 
 
 # --------------------------------------------------------------------------- #
@@ -274,7 +379,9 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
     num_clusters = models.shape[2]
     losses = RunLosses(tasks)
     final, before = losses(models[-1], "test"), losses(models[-2], "test")
-    routed = np.asarray(routed_loss(before, history.routes[-1].astype(np.int64))).reshape(len(cells))
+    latest = history.routes[-1].astype(np.int64)                  # each client's latest route (-1: never played)
+    picked = np.take_along_axis(before, np.maximum(latest, 0)[..., None], axis=2)[..., 0]
+    routed = np.where(latest >= 0, picked, 0.0).sum(axis=1) / np.maximum((latest >= 0).sum(axis=1), 1)
     rows = []
     for r, cell in enumerate(cells):
         groups = history.groups[r]
@@ -283,7 +390,7 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
                      for g in range(num_groups)]
         rows.append({
             "scenario": cell["scenario"], "start": cell["start"], "seed": int(cell["seed"]),
-            "separated": len(set(plurality)) == num_groups,
+            "separated": len(set(plurality)) == min(num_groups, num_clusters),
             "group_models": json.dumps(plurality),
             "group_losses": json.dumps([float(final[r][groups == g, plurality[g]].mean())
                                         for g in range(num_groups)]),
@@ -346,7 +453,7 @@ class ScenarioConfig(ExperimentConfig):
     """
 
     LABEL = "scenarios"
-    QUICK = dict(seeds=2, short=True, name="scenarios-quick")
+    QUICK = dict(seeds=2, short=True, name="scenarios-quick", scenarios=QUICK_SCENARIOS)
     RULES = dict(scenarios=tuple(SCENARIOS), seeds="≥ 1", first_seed="≥ 0", methods="distinct", chunk_size="≥ 1")
 
     scenarios: tuple[str, ...] = tuple(SCENARIOS)
@@ -386,13 +493,21 @@ class ScenarioConfig(ExperimentConfig):
         """The sweep spec of a run name on a scenario (the simulator records ``W^{T−1}`` and ``W^T``: what the
         reduce needs)."""
         rounds = self.rounds(scenario)
+        federation = {} if method == "fedcam" else dict(participation=scenario.participation(),
+                                                        join_rounds=scenario.join_rounds(rounds))
         return SweepSpec(
             method=method, settings=self.settings(method, scenario), num_rounds=rounds,
             make_task=make_fedcam_cell_task if method == "fedcam" else make_cell_task,
             reduce=partial(reduce_scenario, num_groups=scenario.num_groups),
             simulate=partial(simulate_fedcam if method == "fedcam" else simulate_batch,
-                             model_rounds=[rounds - 1, rounds]),
+                             model_rounds=[rounds - 1, rounds], **federation),
         )
+
+    def methods_of(self, scenario: Scenario) -> tuple[str, ...]:
+        """The methods run on a scenario: FedCAM's simulator has every client every round, so it sits out the
+        scenarios with partial participation or a late group."""
+        full = scenario.fraction >= 1 and not scenario.late_group
+        return tuple(method for method in self.methods if full or method != "fedcam")
 
     def derived(self) -> dict[str, Any]:
         return {"scenario_definitions": {name: asdict(SCENARIOS[name]) for name in self.scenarios},
@@ -417,7 +532,7 @@ def _references(config: ScenarioConfig, scenario: Scenario) -> pd.DataFrame:
     for start in range(0, len(cells), config.chunk_size):
         chunk = cells[start:start + config.chunk_size]
         losses = reference_losses([make_cell_task(cell) for cell in chunk], scenario.num_groups,
-                                  [rounds // 2, rounds])
+                                  [rounds // 2, rounds], scenario, [int(cell["seed"]) for cell in chunk])
         for r, cell in enumerate(chunk):
             rows.append({**cell, "reference_losses": json.dumps(losses[rounds][r].tolist()),
                          "half_horizon_losses": json.dumps(losses[rounds // 2][r].tolist()),
@@ -429,15 +544,30 @@ def _judge(runs: pd.DataFrame, references: pd.DataFrame) -> pd.DataFrame:
     """Add ``worst_ratio``, ``converged``, ``greedy_converged``, ``no_harm`` to the runs."""
     keys = ["scenario", "start", "seed"]
     runs = runs.merge(references[keys + ["reference_losses"]], on=keys, how="left")
-    ratios = [float(np.max(np.asarray(json.loads(own)) / np.asarray(json.loads(ref))))
+    ratios = [np.asarray(json.loads(own)) / np.asarray(json.loads(ref))
               for own, ref in zip(runs["group_losses"], runs["reference_losses"])]
-    runs["worst_ratio"] = ratios
-    runs["converged"] = runs["separated"] & (runs["worst_ratio"] <= 1.0 + CONVERGED_TOLERANCE)
+    alone = [_alone_groups(json.loads(models)) for models in runs["group_models"]]
+    runs["group_ratios"] = [json.dumps([round(float(r), 6) for r in ratio]) for ratio in ratios]
+    runs["worst_ratio"] = [float(np.max(ratio)) for ratio in ratios]
+    # Converged: every group that has a model to itself is within the tolerance of its oracle (all groups when K ≥ G).
+    within = [bool(np.all(ratio[mask] <= 1.0 + CONVERGED_TOLERANCE)) for ratio, mask in zip(ratios, alone)]
+    runs["converged"] = runs["separated"] & np.array(within, dtype=bool)
     runs["greedy_converged"] = greedy_of_cell(runs, keys, "converged").astype(bool)
     greedy_loss = greedy_of_cell(runs, keys, "routed_test_loss").astype(float)
     harmless = runs["routed_test_loss"].to_numpy() <= (1.0 + NO_HARM_TOLERANCE) * greedy_loss
     runs["no_harm"] = np.where(runs["greedy_converged"] & (runs["method"] != "greedy"), harmless, np.nan)
+    greedy_ratios = greedy_of_cell(runs.assign(ratios_list=ratios), keys, "ratios_list")
+    runs["group_harm"] = [
+        np.nan if method == "greedy" else
+        float(bool(np.any((np.asarray(theirs) <= 1.0 + CONVERGED_TOLERANCE) & (ours > 1.0 + CONVERGED_TOLERANCE))))
+        for method, ours, theirs in zip(runs["method"], ratios, greedy_ratios)]
     return runs.drop(columns="reference_losses")
+
+
+def _alone_groups(plurality: Sequence[int]) -> NDArray[np.bool_]:
+    """Groups whose plurality model is no other group's (with ``K < G`` some groups must share)."""
+    counts = np.bincount(np.asarray(plurality, dtype=np.int64))
+    return counts[np.asarray(plurality, dtype=np.int64)] == 1
 
 
 def _rates(part: pd.DataFrame) -> dict[str, Any]:
@@ -456,6 +586,8 @@ def _rates(part: pd.DataFrame) -> dict[str, Any]:
         "no_harm_rate": float(successes["no_harm"].astype(float).mean()) if len(successes) else float("nan"),
         "mean_routed_test_loss": float(part["routed_test_loss"].mean()),
         "median_worst_ratio": float(part["worst_ratio"].median()),
+        "max_worst_ratio": float(part["worst_ratio"].max()),
+        "group_harm_runs": int((part["group_harm"] == 1).sum()),
     }
 
 
@@ -473,8 +605,8 @@ def _run(config: ScenarioConfig, sweep: Sweep) -> Results:
             print(f"scenario {name}: {scenario.description}; T = {config.rounds(scenario)}, "
                   f"starts {list(config.starts(scenario))}, {config.seeds} seeds", flush=True)
         references.append(_references(config, scenario))
-        tables.append(sweep([config.spec(method, scenario) for method in config.methods], config.cells(scenario),
-                            config.chunk_size))
+        tables.append(sweep([config.spec(method, scenario) for method in config.methods_of(scenario)],
+                            config.cells(scenario), config.chunk_size))
     reference_table = pd.concat(references, ignore_index=True)
     runs = _judge(pd.concat(tables, ignore_index=True), reference_table)[list(RUNS_COLUMNS)]
     summary = pd.DataFrame([{"scenario": s, "start": st, "method": m, **_rates(part)}

@@ -1,0 +1,216 @@
+"""Is the federation collapsing?  The evidence that turns exploration on and off, and finds spare clusters.
+
+The generic default explores (EXP3 over Greedy and Rank Hedge) only while the federation
+shows a collapse sign, and is Greedy otherwise (``explore_on = "collapse"``; the paper's
+presets explore always).  After every round the server reads the federation estimate
+(:mod:`fedroute.core.federation`: every client's latest report) and keeps, per cluster:
+
+* **unwanted** — its preferred share is at most the underused threshold (``p̂_k ≤ c/K``):
+  too few clients find it their best model to train it.  A cluster unwanted for
+  ``collapse_patience`` rounds in a row is a *collapse sign* (Greedy successes settle
+  within a few rounds; a collapse stays);
+* **spare** — a cluster that stayed unwanted through ``spare_patience`` rounds of
+  exploration on its account, or a duplicate whose clients were consolidated onto its
+  twin: nobody needs it, so it no longer triggers exploration (its users, if any, keep
+  using it).  A spare that becomes wanted again is no longer spare, and every spare is
+  reconsidered when clients join the federation (new evidence);
+* **duplicates** (``consolidate_duplicates``) — two clusters that serve the same clients:
+  each one's clients find the other within ``ρ`` of their own model's loss (the median
+  ratio, each side), and no third cluster is within ``ρ`` for them.  The smaller one is
+  merged into the larger — clients skip it in their Greedy choice (unless, for that client,
+  the twin is more than ``ρ`` × its best loss) — at once when it is spare already, else once
+  the pair has been duplicates for ``spare_patience`` rounds in a row (it is then spare).
+  The wait is the evidence: a
+  cluster that a group has just recovered from a shared model starts as a near copy of it
+  and looks like a duplicate until the two models have trained apart (merging it at once
+  undid recoveries), while true duplicates — two models trained on the same group — stay
+  duplicates.  A real small group is never merged: the majority's clients find the small
+  group's model far worse than their own.
+
+Exploration is on in a run while some cluster is a collapse sign and not spare.  Nothing
+here depends on which clients were sampled in a round: it reads the estimate.  One
+implementation serves both runtimes (the strategy with one run, the simulator with ``R``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
+
+__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "update_health", "routing_view"]
+
+
+@dataclass(frozen=True)
+class ClusterHealth:
+    """The server's per-cluster evidence, one row per run.
+
+    Attributes
+    ----------
+    unwanted_rounds : ndarray of int, shape (R, K)
+        Consecutive rounds the cluster has been unwanted.
+    exploring_rounds : ndarray of int, shape (R, K)
+        Rounds of exploration the cluster has triggered since it was last wanted.
+    spare : ndarray of bool, shape (R, K)
+    known_clients : ndarray of int, shape (R,)
+        Clients known when the spares were last reconsidered.
+    twin : ndarray of int, shape (R, K)
+        The cluster's duplicate twin this round (``-1``: none).
+    twin_rounds : ndarray of int, shape (R, K)
+        Consecutive rounds it has had that twin.
+    """
+
+    unwanted_rounds: NDArray[np.int64]
+    exploring_rounds: NDArray[np.int64]
+    spare: NDArray[np.bool_]
+    known_clients: NDArray[np.int64]
+    twin: NDArray[np.int64]
+    twin_rounds: NDArray[np.int64]
+
+    @classmethod
+    def initial(cls, num_runs: int, num_clusters: int) -> "ClusterHealth":
+        zeros = np.zeros((num_runs, num_clusters), dtype=np.int64)
+        return cls(unwanted_rounds=zeros, exploring_rounds=zeros.copy(),
+                   spare=np.zeros((num_runs, num_clusters), dtype=bool), known_clients=np.zeros(num_runs, np.int64),
+                   twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy())
+
+
+@dataclass(frozen=True)
+class RoutingView:
+    """What the clients of one run receive besides the masses: ``explore`` and ``merged_into``.
+
+    Attributes
+    ----------
+    explore : ndarray of bool, shape (R,)
+        Whether exploration is on in each run.
+    merged_into : ndarray of int, shape (R, K)
+        The twin a duplicate cluster is merged into (``-1``: none).
+    spare : ndarray of bool, shape (R, K)
+        Spare clusters (for reports).
+    """
+
+    explore: NDArray[np.bool_]
+    merged_into: NDArray[np.int64]
+    spare: NDArray[np.bool_]
+
+
+def duplicate_twins(losses: NDArray[np.float64], preferred: NDArray[np.int64], run_index: NDArray[np.int64],
+                    preferred_masses: NDArray[np.float64], num_runs: int, ratio: float) -> NDArray[np.int64]:
+    """Which clusters are duplicates of another, per run (module docstring).
+
+    Parameters
+    ----------
+    losses : ndarray, shape (m, K)
+        The counted clients' latest training losses of every cluster.
+    preferred : ndarray of int, shape (m,)
+        Their latest Greedy choices.
+    run_index : ndarray of int, shape (m,)
+    preferred_masses : ndarray, shape (R, K)
+        ``p̂`` (the larger twin keeps its clients; ties to the lower index).
+    num_runs : int
+    ratio : float
+        ``ρ ≥ 1``.
+
+    Returns
+    -------
+    ndarray of int, shape (R, K)
+        The twin of each cluster that is the smaller of a duplicate pair this round, ``-1`` for
+        none.  A cluster has at most one twin and a twin has none itself.
+    """
+    num_clusters = preferred_masses.shape[1]
+    merged = np.full((num_runs, num_clusters), -1, dtype=np.int64)
+    if not np.isfinite(ratio) or num_clusters < 3 or len(preferred) == 0:
+        return merged                                                    # ρ = inf: every pair would be "close"
+    safe = np.maximum(losses, np.finfo(np.float64).tiny)
+    for run in np.unique(run_index):
+        rows = run_index == run
+        pairs = _close_pairs(safe[rows], preferred[rows], num_clusters, ratio)
+        taken: set[int] = set()
+        for _, small, large in sorted((score, *sorted((j, k), key=lambda c: (preferred_masses[run, c], -c)))
+                                      for score, j, k in pairs):
+            if small in taken or large in taken:
+                continue
+            merged[run, small] = large
+            taken.update((small, large))
+    return merged
+
+
+def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_clusters: int, ratio: float
+                 ) -> list[tuple[float, int, int]]:
+    """``(score, j, k)`` for every pair of clusters that serve the same clients within ``ratio`` (one run)."""
+    pairs = []
+    for j in range(num_clusters):
+        own_j = losses[preferred == j]
+        if not len(own_j):
+            continue
+        for k in range(j + 1, num_clusters):
+            own_k = losses[preferred == k]
+            if not len(own_k):
+                continue
+            to_k = float(np.median(own_j[:, k] / own_j[:, j]))
+            to_j = float(np.median(own_k[:, j] / own_k[:, k]))
+            if max(to_k, to_j) > ratio:
+                continue
+            both = np.concatenate([own_j, own_k])
+            others = np.delete(both, [j, k], axis=1).min(axis=1) / np.minimum(both[:, j], both[:, k])
+            if float(np.median(others)) > ratio:                           # no third cluster serves them
+                pairs.append((max(to_k, to_j), j, k))
+    return pairs
+
+
+def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], twins: NDArray[np.int64],
+                  known_clients: NDArray[np.int64], settings: RoutingSettings,
+                  reporting: Optional[NDArray[np.int64]] = None) -> tuple[ClusterHealth, RoutingView]:
+    """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
+
+    Parameters
+    ----------
+    health : ClusterHealth
+        Before the round.
+    preferred_masses : ndarray, shape (R, K)
+        ``p̂`` after the round.
+    twins : ndarray of int, shape (R, K)
+        :func:`duplicate_twins` after the round (all ``-1`` without ``consolidate_duplicates``).
+    known_clients : ndarray of int, shape (R,)
+        Clients the federation has heard of (a rise means clients joined).
+    settings : RoutingSettings
+    reporting : ndarray of int, shape (R,), optional
+        Clients counted in the estimate; a run without any keeps its evidence.
+
+    Returns
+    -------
+    health : ClusterHealth
+    view : RoutingView
+        ``explore`` and ``merged_into`` for the next round.
+    """
+    threshold = settings.underused_mass + (INCLUSIVE_SLACK if settings.mass_threshold_inclusive else 0.0)
+    unwanted = (preferred_masses <= threshold) if settings.mass_threshold_inclusive else (preferred_masses < threshold)
+    joined = (known_clients > health.known_clients)[:, None]
+    twin_rounds = np.where((twins >= 0) & (twins == health.twin), health.twin_rounds + 1, (twins >= 0).astype(int))
+    merged = (twins >= 0) & (health.spare | (twin_rounds >= settings.spare_patience))
+    streak = np.where(unwanted, health.unwanted_rounds + 1, 0)
+    sign = streak >= settings.collapse_patience
+    still_spare = health.spare & unwanted & ~joined                      # wanted again, or clients joined: not spare
+    budget = np.where(unwanted & ~joined, health.exploring_rounds + (sign & ~still_spare & ~merged), 0)
+    spare = still_spare | merged | (sign & (budget >= settings.spare_patience))
+    updated = ClusterHealth(unwanted_rounds=streak, exploring_rounds=budget, spare=spare,
+                            known_clients=np.maximum(known_clients, health.known_clients), twin=twins,
+                            twin_rounds=twin_rounds)
+    if reporting is not None and np.any(silent := np.asarray(reporting) == 0):
+        updated = ClusterHealth(**{name: np.where(silent.reshape((-1,) + (1,) * (value.ndim - 1)),
+                                                  getattr(health, name), value)
+                                   for name, value in ((name, getattr(updated, name))
+                                                       for name in ClusterHealth.__dataclass_fields__)})
+    return updated, routing_view(updated, settings)
+
+
+def routing_view(health: ClusterHealth, settings: RoutingSettings) -> RoutingView:
+    """What the clients receive from a health state: exploration on or off, the merged duplicates, the spares."""
+    sign = health.unwanted_rounds >= settings.collapse_patience
+    merged = (health.twin >= 0) & (health.spare | (health.twin_rounds >= settings.spare_patience))
+    return RoutingView(explore=(sign & ~health.spare).any(axis=1), merged_into=np.where(merged, health.twin, -1),
+                       spare=health.spare)

@@ -1,0 +1,174 @@
+"""The server's round, one implementation for both runtimes: models, federation estimate, health.
+
+After a round's replies are in (validated, in client-id order), the server
+
+1. updates the cluster models under the influence bounds
+   (:func:`fedroute.core.influence.aggregate_round`: capped weights, update-norm bound,
+   robust rule; a cluster whose aggregate is not finite keeps its model and its replies
+   are dropped);
+2. records every kept reply as its client's latest report and estimates the masses
+   ``μ̂`` and preferred masses ``p̂`` from every client's latest report
+   (:mod:`fedroute.core.federation`);
+3. weighs the evidence of collapse — unwanted clusters, spares, duplicates — and decides
+   what the clients receive next round (:mod:`fedroute.core.health`), when the routing
+   reads it (``explore_on = "collapse"`` or ``consolidate_duplicates``).
+
+:class:`ServerState` holds everything but the models, in the style of optax's states:
+``server_init`` makes it, :func:`server_step` maps ``(models, state, replies)`` to the next
+ones.  The Flower strategy calls it with one run's replies; the batched simulator with the
+replies of ``R`` runs (``run_index``).  A run's result does not depend on its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.core.federation import FederationEstimate, FederationState, estimate_federation
+from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, update_health
+from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
+from fedroute.core.participation import Participation
+from fedroute.core.settings import RoutingSettings
+
+__all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health"]
+
+
+@dataclass(frozen=True)
+class RoundReplies:
+    """A round's valid replies (leading axis: replies, in the order they are summed).
+
+    Attributes
+    ----------
+    rows : ndarray of int, shape (m,)
+        Each reply's client row in :attr:`ServerState.federation`.
+    routes, preferred : ndarray of int, shape (m,)
+        Executed route and Greedy choice.
+    num_examples : ndarray, shape (m,)
+        Claimed sample counts.
+    losses : ndarray, shape (m, K)
+        Reported training losses of the ``K`` models.
+    trained_models : ndarray, shape (m, P)
+        ``w_i^+``.
+    run_index : ndarray of int, shape (m,), optional
+        The run of each reply (batched runs).
+    """
+
+    rows: NDArray[np.int64]
+    routes: NDArray[np.int64]
+    preferred: NDArray[np.int64]
+    num_examples: NDArray[np.floating]
+    losses: NDArray[np.float64]
+    trained_models: NDArray[np.floating]
+    run_index: Optional[NDArray[np.int64]] = None
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The server's state besides the models.
+
+    Attributes
+    ----------
+    federation : FederationState
+        Every known client's latest report.
+    estimate : FederationEstimate or None
+        ``μ̂``, ``p̂`` after the last round (None before any).
+    health : ClusterHealth
+    view : RoutingView or None
+        What the clients receive next round (None when the routing does not read it, or before any round).
+    """
+
+    federation: FederationState
+    estimate: Optional[FederationEstimate]
+    health: ClusterHealth
+    view: Optional[RoutingView]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (a checkpoint's); :meth:`from_json` inverts it."""
+        def arrays(value: Any) -> Optional[dict[str, list]]:
+            return None if value is None else {name: np.asarray(getattr(value, name)).tolist()
+                                               for name in value.__dataclass_fields__}
+        return {"federation": arrays(self.federation), "estimate": arrays(self.estimate),
+                "health": arrays(self.health), "view": arrays(self.view)}
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> "ServerState":
+        """Inverse of :meth:`to_json`; raises ``KeyError``/``ValueError``/``TypeError`` on malformed input."""
+        def arrays(kind: Any, stored: Optional[dict[str, list]]) -> Any:
+            if stored is None:
+                return None
+            return kind(**{name: np.asarray(stored[name], dtype=_DTYPES[name]) for name in kind.__dataclass_fields__})
+        federation, health = arrays(FederationState, values["federation"]), arrays(ClusterHealth, values["health"])
+        if federation.losses.ndim != 2:                                   # no client yet: (0,) → (0, K)
+            federation = replace(federation, losses=federation.losses.reshape(len(federation.client_ids),
+                                                                             health.spare.shape[1]))
+        return cls(federation=federation, estimate=arrays(FederationEstimate, values["estimate"]),
+                   health=health, view=arrays(RoutingView, values["view"]))
+
+
+_DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64, "route": np.int64,
+           "preferred": np.int64, "num_examples": np.float64, "losses": np.float64, "masses": np.float64,
+           "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64,
+           "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
+           "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64}
+"""The dtype of every array field of the server state (JSON keeps numbers only)."""
+
+
+def reads_health(settings: RoutingSettings) -> bool:
+    """Whether the routing reads the server's health report (``explore_on = "collapse"`` or duplicate merges)."""
+    return settings.explores_on_evidence or settings.consolidate_duplicates
+
+
+def server_init(federation: FederationState, num_runs: int, num_clusters: int) -> ServerState:
+    """The state before round 0."""
+    return ServerState(federation=federation, estimate=None, health=ClusterHealth.initial(num_runs, num_clusters),
+                       view=None)
+
+
+def server_step(cluster_models: NDArray[np.floating], state: ServerState, replies: RoundReplies, round_index: int,
+                settings: RoutingSettings, participation: Participation, influence: InfluenceBounds,
+                num_runs: int = 1) -> tuple[RoundAggregate, ServerState]:
+    """One server round (module docstring).
+
+    Parameters
+    ----------
+    cluster_models : ndarray, shape (K, P), or (R, K, P) for batched runs
+        ``W^t``.
+    state : ServerState
+    replies : RoundReplies
+    round_index : int
+        ``t``.
+    settings : RoutingSettings
+    participation : Participation
+        How long a report counts (``report_rounds``).
+    influence : InfluenceBounds
+    num_runs : int
+        ``R``.
+
+    Returns
+    -------
+    aggregate : RoundAggregate
+        ``W^{t+1}`` and which replies were kept.
+    state : ServerState
+    """
+    outcome = aggregate_round(cluster_models, replies.trained_models, replies.routes, replies.num_examples, influence,
+                              replies.run_index)
+    kept = outcome.kept
+    federation = state.federation.record(replies.rows[kept], round_index, replies.routes[kept],
+                                         replies.preferred[kept], np.asarray(replies.num_examples)[kept],
+                                         np.asarray(replies.losses)[kept])
+    estimate = estimate_federation(federation, round_index, participation.report_rounds,
+                                   cluster_models.shape[-2], num_runs, influence.max_weight_ratio, state.estimate)
+    health, view = state.health, None
+    if reads_health(settings):
+        counted = federation.counted(round_index, participation.report_rounds)
+        twins = np.full(estimate.preferred_masses.shape, -1, dtype=np.int64)
+        if settings.consolidate_duplicates:
+            twins = duplicate_twins(federation.losses[counted], federation.preferred[counted],
+                                    federation.run_index[counted], estimate.preferred_masses, num_runs,
+                                    settings.consolidation_loss_ratio)
+        health, view = update_health(state.health, estimate.preferred_masses, twins,
+                                     federation.known_clients(num_runs), settings, estimate.reporting)
+    return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)

@@ -1,0 +1,189 @@
+"""Partial participation: the same clients in every runtime, masses that do not depend on the sample.
+
+Flower draws new node ids for every simulation; the strategy samples *client ids* (asked once
+per node), so the same seed gives the same run whatever the node ids, and the batched simulator
+(``participation=Participation(...)``) makes exactly the same draws.  The masses the clients
+receive are estimated from every client's latest report.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pytest
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedroute import protocol
+from fedroute.core.federation import FederationState, estimate_federation
+from fedroute.core.methods import method_settings
+from fedroute.core.participation import Participation, participating, report_memory, sample_size
+from fedroute.server.run_config import parse_run_config
+from fedroute.simulation.simulator import simulate
+from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.records import array_record
+
+NUM_CLIENTS, NUM_ROUNDS, FRACTION, SEED = 16, 14, 0.25, 3
+
+
+# ----------------------------------------------------------------------------- the sampling rule
+def test_report_memory_keeps_a_report_until_a_miss_is_unlikely() -> None:
+    assert [report_memory(f) for f in (1.0, 0.5, 0.25, 0.1)] == [1, 7, 17, 44]
+    for fraction in (0.5, 0.25, 0.1, 0.03):
+        rounds = report_memory(fraction)
+        assert (1 - fraction) ** rounds <= 0.01 < (1 - fraction) ** (rounds - 1)
+    with pytest.raises(ValueError, match="fraction"):
+        report_memory(0.0)
+
+
+def test_a_rounds_sample_depends_on_seed_client_ids_and_round_only() -> None:
+    participation = Participation(fraction=0.25, min_clients=2)
+    ids = np.arange(10, 50)
+    sample = participation.sample(ids, seed=3, round_index=5)
+    assert len(sample) == sample_size(40, 0.25, 2) == 10 and set(sample) <= set(ids)
+    np.testing.assert_array_equal(participation.sample(ids[::-1].copy(), 3, 5), sample)   # order-free
+    assert not np.array_equal(participation.sample(ids, 3, 6), sample)                  # rounds differ
+    assert not np.array_equal(participation.sample(ids, 4, 5), sample)                  # seeds differ
+    # A client that leaves changes nobody else's draw: the sample of the others is a prefix of the same order.
+    without = participation.sample(ids[ids != sample[0]], 3, 5)
+    assert set(sample[1:]) <= set(without) and len(without) == sample_size(39, 0.25, 2)
+    # Everyone plays with full participation; min_clients lifts a tiny sample.
+    np.testing.assert_array_equal(Participation().sample(ids, 3, 5), ids)
+    assert len(Participation(fraction=0.01, min_clients=3).sample(ids, 3, 5)) == 3
+
+
+def test_batched_runs_are_sampled_as_single_runs() -> None:
+    participation = Participation(fraction=0.3, min_clients=1)
+    runs, n = 4, 20
+    ids = np.tile(np.arange(n), runs)
+    run_index = np.repeat(np.arange(runs), n)
+    seeds = np.array([7, 8, 9, 10])[run_index]
+    available = np.ones(runs * n, dtype=bool)
+    available[n:n + 5] = False                                   # run 1: five clients not joined yet
+    mask = participating(ids, run_index, seeds, runs, 2, participation, available)
+    for run in range(runs):
+        rows = run_index == run
+        alone = participation.sample(ids[rows & available], int(seeds[rows][0]), 2)
+        np.testing.assert_array_equal(ids[rows & mask], alone)
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, "a", True])
+def test_a_bad_fraction_is_refused_naming_the_field(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"fraction_train .* \(0, 1\]"):
+        Participation(fraction=bad)
+
+
+# ----------------------------------------------------------------------------- the estimate
+def test_the_masses_count_every_clients_latest_report_within_the_memory() -> None:
+    state = FederationState.of_clients(np.arange(4), 2)
+    state = state.record(np.array([0, 1, 2, 3]), 0, np.array([0, 0, 1, 1]), np.array([0, 1, 1, 1]), np.ones(4))
+    state = state.record(np.array([0]), 1, np.array([1]), np.array([1]), np.ones(1))  # only client 0 plays
+    latest = estimate_federation(state, 1, report_rounds=2, num_clusters=2)
+    np.testing.assert_allclose(latest.masses, [[0.25, 0.75]])           # client 0 now on 1, the others as before
+    np.testing.assert_allclose(latest.preferred_masses, [[0.0, 1.0]])
+    this_round = estimate_federation(state, 1, report_rounds=1, num_clusters=2)
+    np.testing.assert_allclose(this_round.masses, [[0.0, 1.0]])         # L = 1: the round's own replies only
+    assert this_round.reporting.tolist() == [1]
+    nobody = estimate_federation(state, 9, report_rounds=1, num_clusters=2, previous=latest)
+    np.testing.assert_allclose(nobody.masses, latest.masses)            # no report counts: kept
+
+
+def test_one_clients_claim_is_capped_in_the_estimate() -> None:
+    state = FederationState.of_clients(np.arange(5), 2)
+    state = state.record(np.arange(5), 0, np.array([1, 0, 0, 0, 0]), np.zeros(5, np.int64),
+                         np.array([1e9, 10, 10, 10, 10]))
+    masses = estimate_federation(state, 0, 1, 2, max_weight_ratio=4.0).masses[0]
+    np.testing.assert_allclose(masses, [40 / 80, 40 / 80])              # 1e9 counts as 4 × the median 10
+
+
+# ----------------------------------------------------------------------------- Flower ≡ simulator
+@pytest.fixture()
+def server_identity() -> Iterator[None]:
+    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    yield
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
+
+
+def _run_config(**changes: Any) -> dict[str, Any]:
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as stream:
+        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
+    return {**defaults, "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS, "seed": SEED,
+            "fraction-train": FRACTION, "preset": "generic", "init": "spread", **changes}
+
+
+class ClientNodes:
+    """A Flower ``Grid`` whose nodes (random 64-bit ids, as Flower draws them) run the fedroute ClientApp."""
+
+    def __init__(self, run_config: dict[str, Any], node_seed: int, query_handler: bool = True) -> None:
+        from fedroute.client import app as client
+
+        self.handlers = {MessageType.TRAIN: client.train, MessageType.EVALUATE: client.evaluate}
+        if query_handler:
+            self.handlers[MessageType.QUERY] = client.provisional
+        node_ids = np.random.default_rng(node_seed).integers(1, 2**62, size=NUM_CLIENTS)
+        self.contexts = {int(node): Context(run_id=1, node_id=int(node), state=RecordDict(), run_config=run_config,
+                                            node_config={"partition-id": i, "num-partitions": NUM_CLIENTS})
+                         for i, node in enumerate(node_ids)}
+        self.messages: dict[str, int] = {}
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Any, timeout: Optional[float] = None) -> list[Message]:
+        replies = []
+        for message in messages:
+            kind = message.metadata.message_type
+            phase = message.content.config_records[protocol.CONFIG].get(protocol.PHASE)
+            self.messages[f"{kind}/{phase}"] = self.messages.get(f"{kind}/{phase}", 0) + 1
+            if kind not in self.handlers:
+                replies.append(Message(error=Error(code=0, reason=f"no handler for {kind}"), reply_to=message))
+                continue
+            replies.append(self.handlers[kind](message, self.contexts[message.metadata.dst_node_id]))
+        return replies
+
+
+def _flower_run(run_config: dict[str, Any], method: str, node_seed: int, **grid_options: Any
+                ) -> tuple[ClusteredRouting, ClientNodes]:
+    settings = parse_run_config(run_config)
+    grid = ClientNodes(run_config, node_seed, **grid_options)
+    strategy = ClusteredRouting(settings.routing[method], fraction_train=FRACTION, min_train_nodes=2,
+                                min_available_nodes=NUM_CLIENTS, seed=SEED, progress_interval=None,
+                                evaluate_at_end=False, run_key=method)
+    strategy.start(grid, [array_record({"weights": m}) for m in settings.task.initial_models(2)],
+                   num_rounds=NUM_ROUNDS)
+    return strategy, grid
+
+
+@pytest.mark.parametrize("method", ["exp3", "sync-entry"])
+def test_flower_equals_the_simulator_and_node_ids_do_not_matter(server_identity: None, method: str) -> None:
+    run_config = _run_config(method=method)
+    strategy, grid = _flower_run(run_config, method, node_seed=0)
+    again, _ = _flower_run(run_config, method, node_seed=1)          # other node ids: the same run
+    assert again.client_routes == strategy.client_routes
+    settings = parse_run_config(run_config)
+    history = simulate(settings.task, settings.routing[method], NUM_ROUNDS, SEED,
+                       participation=Participation(FRACTION, 2))
+    for t in range(NUM_ROUNDS):
+        played = np.flatnonzero(history.played[t])
+        assert sorted(strategy.client_routes[t]) == played.tolist(), t
+        assert [strategy.client_routes[t][c] for c in played] == history.routes[t, played].tolist(), t
+        assert len(played) == 4
+    np.testing.assert_allclose(np.stack([m["weights"] for m in strategy.cluster_models]),
+                               history.cluster_models[-1], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(strategy.routing_masses, history.masses[-1], rtol=0, atol=1e-12)
+    # Each node is identified once; no models travel with the identification.
+    assert grid.messages[f"{MessageType.QUERY}/{protocol.PHASE_IDENTIFY}"] == NUM_CLIENTS
+    assert grid.messages[f"{MessageType.TRAIN}/{protocol.PHASE_TRAIN}"] == 4 * NUM_ROUNDS
+    # Over the run every client played, and the masses counted clients that did not play in the last round.
+    assert history.played.any(axis=0).all()
+    assert history.masses[-1].sum() == pytest.approx(1.0)
+
+
+def test_without_a_query_handler_the_run_stops_naming_it(server_identity: None) -> None:
+    with pytest.raises(RuntimeError, match=r"@app\.query\(\) returning fedroute\.routing_query"):
+        _flower_run(_run_config(method="exp3"), "exp3", node_seed=0, query_handler=False)
