@@ -39,7 +39,7 @@ from fedroute.core.influence import (
     robust_update,
 )
 from fedroute.strategies.validation import MAX_NUM_EXAMPLES, MIN_NUM_EXAMPLES
-from test_security import OnlineNodes, reply
+from support.replies import OnlineNodes, reply
 
 CAP = DEFAULT_MAX_WEIGHT_RATIO
 SIZE = 3
