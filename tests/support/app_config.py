@@ -26,6 +26,11 @@ def app_defaults() -> dict[str, Any]:
     return dict(_pyproject_app()["config"])
 
 
+def app_components() -> dict[str, str]:
+    """``[tool.flwr.app.components]``: the ServerApp and ClientApp references (``module:attribute``)."""
+    return dict(_pyproject_app()["components"])
+
+
 def app_run_config(overrides: Mapping[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
     """The defaults with ``overrides`` and then ``changes`` (run-config keys) applied."""
     return {**app_defaults(), **(overrides or {}), **changes}
