@@ -13,12 +13,16 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+from support.app_config import REPOSITORY, app_defaults
+from support.grid import server_task_identity
+from support.process_guard import MARKER, ProcessGuard
+
 PROGRESS_ENV = "FEDROUTE_TEST_PROGRESS_SECONDS"
 
 
@@ -29,20 +33,31 @@ def repository() -> Path:
 
 
 @pytest.fixture()
+def task_identity() -> Iterator[None]:
+    """Flower stamps new messages with the running task's identity: this process is a ServerApp's
+    for the test (``pytestmark = pytest.mark.usefixtures("task_identity")`` in a module that builds messages)."""
+    with server_task_identity():
+        yield
+
+
+@pytest.fixture()
+def defaults() -> dict[str, Any]:
+    """A fresh copy of the app's run config defaults (``[tool.flwr.app.config]``)."""
+    return app_defaults()
+
+
+@pytest.fixture()
 def test_app(repository: Path, tmp_path: Path):
     """``make(name)``: a Flower app in ``tmp_path/name`` whose ClientApp is ``tests/apps/<name>/<name>_client.py``
     and whose ServerApp and run config are fedroute's."""
     import json
     import shutil
-    import tomllib
 
     def make(name: str) -> Path:
         app_dir = tmp_path / name
         app_dir.mkdir()
         shutil.copy(repository / "tests" / "apps" / name / f"{name}_client.py", app_dir)
-        with open(repository / "pyproject.toml", "rb") as stream:
-            defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-        config_lines = "\n".join(f"{key} = {json.dumps(value)}" for key, value in defaults.items())
+        config_lines = "\n".join(f"{key} = {json.dumps(value)}" for key, value in app_defaults().items())
         (app_dir / "pyproject.toml").write_text(
             '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
             f'[project]\nname = "{name}"\nversion = "0.1.0"\ndependencies = []\n\n'
@@ -137,9 +152,13 @@ class SlowTestReporter:
 
 
 _REPORTER_KEY = pytest.StashKey[SlowTestReporter]()
+_GUARD_KEY = pytest.StashKey[ProcessGuard]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    guard = ProcessGuard()
+    guard.install()
+    config.stash[_GUARD_KEY] = guard
     text = os.environ.get(PROGRESS_ENV, "30") or "0"
     try:
         interval = float(text)
@@ -181,6 +200,27 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         reporter.enter("teardown")
 
 
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator[None]:
+    """Only a test marked ``process`` may start Flower or Ray processes (:mod:`support.process_guard`)."""
+    guard = item.config.stash[_GUARD_KEY]
+    guard.enter(item.nodeid, allowed=item.get_closest_marker(MARKER) is not None)
+    try:
+        yield
+    finally:
+        guard.leave()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    guard = item.config.stash[_GUARD_KEY]
+    if guard.refused:
+        if report.passed:  # the code under test caught the refusal: fail anyway
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} started {sorted(set(guard.refused))} without the `{MARKER}` "
+                               "marker (see docs/testing.md)")
+        guard.refused.clear()  # reported once
     if call.when == "teardown" and (reporter := _reporter(item)) is not None:
         reporter.end()

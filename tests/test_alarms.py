@@ -21,8 +21,10 @@ from fedroute.monitoring.alarms import (
     task_starvation_basin,
 )
 from fedroute.tasks.linear import LinearTask
-from test_plugin import TASK, InProcessGrid, linear_initial_models, linear_user_app
-from test_plugin import task_identity  # noqa: F401  (autouse: Flower messages need a task identity)
+from support.grid import InProcessGrid
+from support.linear_app import TASK, linear_initial_models, linear_user_app
+
+pytestmark = pytest.mark.usefixtures("task_identity")  # Flower messages need a task identity
 
 # Three clients; cluster 0 is everybody's best model at the start.
 COLLAPSED = np.array([[1.0, 5.0], [2.0, 6.0], [1.5, 4.0]])
@@ -156,6 +158,7 @@ def _error_reply(message):
     return Message(Error(code=0, reason="the client crashed"), reply_to=message)
 
 
+@pytest.mark.process
 def test_a_flower_run_whose_clients_all_fail_exits_non_zero(test_app, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """``fedroute flower`` on an app whose ClientApp always raises: stopped after N rounds, exit 1, recorded."""

@@ -129,7 +129,9 @@ def test_reduce_picks_the_window_from_a_full_trajectory():
 def test_a_cell_in_a_batch_equals_the_cell_alone(method):
     """Batch = single: one cell inside a batch of three runs (other α and selector seeds) gives the same
     routes, masses and models as ``simulate`` of that cell alone (FedCAM: its simulator on a batch of one).
-    Equal to the bit here; the full grid's representative run, re-simulated alone, also matched its sweep."""
+    Equal to the bit on the reference machine; the full grid's representative run, re-simulated alone, also
+    matched its sweep.  The models are float32 torch kernels run on batches of other shapes, which may sum in
+    another order on other CPUs (as the output-sum kernels do on AMD EPYC): within float32 rounding."""
     config = CharactersExperimentConfig.quick(rounds=12, sustained_window=5)
     cells = [{"alpha": 0.55, "data_seed": 0, "selector_seed": 1, "seed": 1},
              {"alpha": 0.70, "data_seed": 0, "selector_seed": 0, "seed": 0},
@@ -146,8 +148,10 @@ def test_a_cell_in_a_batch_equals_the_cell_alone(method):
             alone_routes, alone_masses, alone_models = alone.routes, alone.masses, alone.cluster_models
             assert batch.entered[:, index].sum() == alone.entered.sum()
         np.testing.assert_array_equal(batch.routes[:, index], alone_routes)
-        np.testing.assert_array_equal(batch.masses[:, index], alone_masses)
-        np.testing.assert_array_equal(batch.cluster_models[:, index], alone_models)
+        # masses: float64 sums of the same sample counts (the routes are equal)
+        np.testing.assert_allclose(batch.masses[:, index], alone_masses, rtol=0, atol=1e-12)
+        # models: ulp-level float32 differences per step, carried along 12 rounds of local SGD
+        np.testing.assert_allclose(batch.cluster_models[:, index], alone_models, rtol=1e-5, atol=1e-6)
     if method == "sync-entry":  # the round-0 entry happened (transformed clients at α = 0.70 qualify)
         assert batch.entered[0, 1] > 0
 

@@ -39,6 +39,7 @@ def test_example_uses_only_the_public_api(example: Path) -> None:
     assert {"ClusteredRouting", "routing_train", "routing_evaluate", "cluster_models_from_torch"} <= imported
 
 
+@pytest.mark.process
 def test_example_app_runs_in_flower_simulation(example: Path, tmp_path: Path) -> None:
     results = tmp_path / "digits.json"
     run = run_flower_app(example, {"num-server-rounds": NUM_ROUNDS, "min-nodes": NUM_CLIENTS,

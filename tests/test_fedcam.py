@@ -9,7 +9,6 @@ import pytest
 import numpy as np
 
 import torch
-from test_plugin import InProcessGrid, task_identity  # noqa: F401 (the in-process Flower grid and its fixture)
 
 from fedroute.core.fedcam import combined_models, fedcam_client_round, task_uses_output_sum, uses_output_sum
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
@@ -17,6 +16,10 @@ from fedroute.core.metrics import recovery_error
 from fedroute.core.methods import method_settings
 from fedroute.tasks.characters import CharactersTask, mlp_forward
 from fedroute.tasks.linear import LinearTask
+from support.app_config import app_run_config
+from support.grid import InProcessGrid
+
+pytestmark = pytest.mark.usefixtures("task_identity")  # Flower messages need a task identity
 
 
 class QuadraticClients:
@@ -280,25 +283,20 @@ def test_characters_fedcam_is_the_output_sum_form_and_trains_the_global_network(
     np.testing.assert_array_equal(pairs[0, 0], FedCAMTask(task).initial_models(2))
 
 
-def test_flower_fedcam_on_characters_is_the_simulators_output_sum_form(repository, tmp_path) -> None:
+def test_flower_fedcam_on_characters_is_the_simulators_output_sum_form(tmp_path) -> None:
     """ServerApp's run_method + the built-in ClientApp (in process): the same routes, parts and
     combined-predictor evaluation as the simulator — one implementation in both runtimes."""
-    import tomllib
-
     from flwr.app import MessageType
 
     from fedroute.client import app as client_app
     from fedroute.server.app import make_strategy, run_method
     from fedroute.server.run_config import parse_run_config
 
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    run_config = {**defaults, "task": "characters", "num-clients": 4, "pretrain-epochs": 3, "alpha": 0.7,
-                  "seed": 0, "num-server-rounds": 3, "method": "fedcam"}
+    run_config = app_run_config({"task": "characters", "num-clients": 4, "pretrain-epochs": 3, "alpha": 0.7,
+                                 "seed": 0, "num-server-rounds": 3, "method": "fedcam"})
     settings = parse_run_config(run_config)
-    grid = InProcessGrid({MessageType.TRAIN: client_app.train, MessageType.EVALUATE: client_app.evaluate}, 4)
-    for context in grid.contexts.values():
-        context.run_config = run_config
+    grid = InProcessGrid({MessageType.TRAIN: client_app.train, MessageType.EVALUATE: client_app.evaluate}, 4,
+                         run_config)
     strategy = make_strategy(settings, "fedcam", tmp_path)
     run_method(grid, settings, "fedcam", strategy)
     assert not strategy.rejected

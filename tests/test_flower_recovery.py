@@ -13,17 +13,19 @@ recover from this start on any seed: cluster 1 is never routed to, so it never c
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from fedroute.server.launcher import run_flower_app
-from fedroute.server.run_config import parse_run_config
 from fedroute.core.metrics import recovery_error
 from fedroute.simulation.simulator import simulate
 from fedroute.simulation.summary import RECOVERY_THRESHOLD
+from support.app_config import app_settings
+
+pytestmark = pytest.mark.process  # every test here reads a `flwr run` (Ray simulation)
 
 NUM_CLIENTS, NUM_ROUNDS = 40, 60
 RUN_CONFIG = {"method": "greedy,exp3", "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS, "seed": 0,
@@ -53,9 +55,7 @@ def test_exp3_recovers_and_greedy_does_not_on_the_same_seed(repository: Path, tm
 
     # The same start and seed: both methods began from W^0 of this run config, and the
     # Flower result is the simulator's (R_T to the last bit of float64 noise).
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    settings = parse_run_config({**defaults, **RUN_CONFIG})
+    settings = app_settings(RUN_CONFIG)
     for method in settings.methods:
         history = simulate(settings.task, settings.routing[method], NUM_ROUNDS, settings.seed)
         expected = float(recovery_error(history.cluster_models[-1], settings.task.group_parameters))

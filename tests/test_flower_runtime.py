@@ -27,7 +27,6 @@ uses a ClientApp whose partitions 0–3 send malformed replies.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,10 +39,13 @@ import pytest
 from fedroute.core.controllers import COMMITMENT, CONTROLLER_IDS, REVERSAL
 from fedroute.core.participation import Participation
 from fedroute.server.launcher import run_flower_app
-from fedroute.server.run_config import RunSettings, parse_run_config
+from fedroute.server.run_config import RunSettings
 from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import simulate
 from fedroute.tasks.housing import EMBEDDED_TABLE
+from support.app_config import app_settings
+
+pytestmark = pytest.mark.process  # every test here reads a `flwr run` (Ray simulation)
 
 NUM_CLIENTS, NUM_ROUNDS, BLOCK = 12, 20, 5
 ENTRY_THRESHOLD = 0.77
@@ -142,12 +144,6 @@ def flower_run(flower_runs: Callable[[str], Path]) -> Path:
     return flower_runs("linear")
 
 
-def _full_run_config(repository: Path, overrides: dict[str, Any]) -> dict:
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    return {**defaults, **overrides}
-
-
 def _simulated(settings: RunSettings, method: str) -> Any:
     """The batched simulator's history of one method (FedCAM: its own simulator, combined models)."""
     if method != "fedcam":
@@ -163,7 +159,7 @@ def _simulated(settings: RunSettings, method: str) -> Any:
 def test_flower_equals_the_simulator_at_every_round(case: str, flower_runs: Callable[[str], Path],
                                                     repository: Path) -> None:
     directory = flower_runs(case)
-    settings = parse_run_config(_full_run_config(repository, CASES[case].run_config))
+    settings = app_settings(CASES[case].run_config)
     num_clients, num_rounds = settings.task.num_clients, settings.num_rounds
     rounds = pd.read_csv(directory / "rounds.csv")
     routes = pd.read_csv(directory / "routes.csv")
@@ -238,9 +234,9 @@ def test_greedy_stays_collapsed_and_exp3_routes_to_both(flower_run: Path) -> Non
 
 def test_flower_telemetry_and_alarms_equal_the_simulators(flower_run: Path, repository: Path, tmp_path: Path) -> None:
     from fedroute.simulation.recorded import simulate_run
-    from test_telemetry import assert_same_telemetry
+    from support.telemetry import assert_same_telemetry
 
-    settings = parse_run_config(_full_run_config(repository, RUN_CONFIG))
+    settings = app_settings(RUN_CONFIG)
     simulated = simulate_run(settings, tmp_path)
     assert_same_telemetry(flower_run, tmp_path)
     summary = json.loads((flower_run / "summary.json").read_text())
@@ -294,9 +290,7 @@ def generic_run(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def test_generic_default_flower_and_simulator_agree(generic_run: Path, repository: Path) -> None:
     """Random ties, the synchronized-entry block start and the exploitation phase take the same code path in
     both runtimes: identical routes every round and equal models, from K identical copies."""
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    settings = parse_run_config({**defaults, **GENERIC_CONFIG})
+    settings = app_settings(GENERIC_CONFIG)
     routes = pd.read_csv(generic_run / "routes.csv")
     models = np.load(generic_run / "cluster_models.npz")
     for method in ("exp3", "sync-entry"):

@@ -18,6 +18,7 @@ from fedroute.core.randomness import Purpose, uniform
 from fedroute.core.client_step import client_round, provisional_greedy_routes
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.methods import GENERIC_DEFAULTS, PRESETS, method_settings
+from support.app_config import app_run_config
 
 GR, RH = CONTROLLER_INDEX["gr"], CONTROLLER_INDEX["rh"]
 
@@ -238,33 +239,24 @@ def test_sync_entry_in_block_mode_starts_its_first_block_at_round_one():
 
 
 # ---------------------------------------------------------------- run config --
-def _run_config(**changes):
-    import tomllib
-    from pathlib import Path
-
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as stream:
-        config = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    return {**config, **changes}
-
-
 def test_run_config_preset_auto_keeps_the_paper_tasks_on_their_presets():
     from fedroute.server.run_config import parse_run_config
 
-    paper = parse_run_config(_run_config(task="linear"))
+    paper = parse_run_config(app_run_config(task="linear"))
     assert paper.routing["exp3"] == method_settings("exp3", num_clusters=2, preset="linear")
     assert paper.routing["sync-entry"] == method_settings("sync-entry", num_clusters=2, preset="linear")
-    own = parse_run_config(_run_config(task="boundaries", **{"num-clusters": 3}))
+    own = parse_run_config(app_run_config(task="boundaries", **{"num-clusters": 3}))
     assert own.routing["exp3"] == method_settings("exp3", num_clusters=3)  # not a paper task: generic
-    generic = parse_run_config(_run_config(task="linear", preset="generic"))
+    generic = parse_run_config(app_run_config(task="linear", preset="generic"))
     assert generic.routing["exp3"] == method_settings("exp3", num_clusters=2)
-    chosen = parse_run_config(_run_config(task="boundaries", preset="characters"))
+    chosen = parse_run_config(app_run_config(task="boundaries", preset="characters"))
     assert chosen.routing["exp3"] == method_settings("exp3", preset="characters")
 
 
 def test_run_config_new_routing_keys_are_validated_naming_the_key():
     from fedroute.server.run_config import parse_run_config
 
-    settings = parse_run_config(_run_config(preset="generic", **{
+    settings = parse_run_config(app_run_config(preset="generic", **{
         "tie-breaking": "lowest", "exploitation-fraction": 0.25, "mass-threshold-inclusive": False,
         "mass-threshold-unit": "mass", "reversal-mass-threshold": 0.3, "entry-max-candidates": 0,
         "exploitation-consolidates": False, "consolidation-loss-ratio": 3.0}))
@@ -272,13 +264,13 @@ def test_run_config_new_routing_keys_are_validated_naming_the_key():
     assert (exp3.tie_breaking, exp3.exploitation_fraction, exp3.mass_threshold_inclusive, exp3.underused_mass,
             exp3.entry_max_candidates, exp3.exploitation_consolidates, exp3.consolidation_loss_ratio
             ) == ("lowest", 0.25, False, 0.3, 0, False, 3.0)
-    assert parse_run_config(_run_config(preset="generic")).routing["exp3"].exploitation_consolidates
+    assert parse_run_config(app_run_config(preset="generic")).routing["exp3"].exploitation_consolidates
     for key, value in [("preset", "mnist"), ("exploitation-fraction", 1.0), ("mass-threshold-inclusive", "yes"),
                        ("exploitation-consolidates", "yes"), ("exploitation-consolidates", 1),
                        ("consolidation-loss-ratio", 0.5),
                        ("tie-breaking", "first"), ("entry-max-candidates", -1)]:
         with pytest.raises(ValueError, match=f"'{key}'"):
-            parse_run_config(_run_config(**{key: value}))
+            parse_run_config(app_run_config(**{key: value}))
 
 
 # ---------------------------------------------------------------- strategy --

@@ -188,7 +188,7 @@ def test_batched_kernels_equal_the_per_sample_formulas(task, clients):
 
 
 def _plain_gradient_descent(features, labels, num_classes, tolerance=1e-8):
-    """The textbook loop (the oracle fit before it was batched), for bit-for-bit comparison."""
+    """The textbook loop (the oracle fit before it was batched), for comparison."""
     count = len(features)
     step = 1.0 / (0.5 * np.linalg.eigvalsh(features.T @ features / count)[-1] * count)
     onehot = np.eye(num_classes)[labels]
@@ -203,9 +203,9 @@ def _plain_gradient_descent(features, labels, num_classes, tolerance=1e-8):
         weights -= step * grad
 
 
-def test_group_fits_together_equal_separate_fits_bit_for_bit():
+def test_group_fits_together_equal_separate_fits():
     """fit_logistic_regressions batches data sets without changing any of them (the oracles of E5):
-    each equals the textbook loop bit for bit."""
+    each equals its separate fit and the textbook loop (bit for bit on the reference machine)."""
     task = GMMTask(seed=0)
     clients = task.clients(np.arange(task.num_clients))
     features = np.stack([np.concatenate([clients.train_inputs[clients.groups == g],
@@ -213,10 +213,15 @@ def test_group_fits_together_equal_separate_fits_bit_for_bit():
     labels = np.stack([clients.train_labels[clients.groups == g].reshape(-1) for g in range(3)])
     together, steps = fit_logistic_regressions(features, labels, task.num_classes, max_steps=20_000)
     assert len(set(steps.tolist())) > 1  # the groups leave the batch at different steps
+    # Three code paths (stacked matmuls, the single fit's 2-D ones, the textbook loop's norm and sums): a
+    # rounding difference at the stopping test ‖grad‖ < tol·N moves the stop by one step of at most
+    # step·tol·N ≈ 8e-9 here, so they are compared within two such steps.
+    one_step = 2e-8
     for g in range(3):
         alone = fit_logistic_regression(features[g], labels[g], task.num_classes, max_steps=20_000)
-        np.testing.assert_array_equal(together[g], alone)
-        np.testing.assert_array_equal(alone, _plain_gradient_descent(features[g], labels[g], task.num_classes))
+        np.testing.assert_allclose(together[g], alone, rtol=0, atol=one_step)
+        np.testing.assert_allclose(alone, _plain_gradient_descent(features[g], labels[g], task.num_classes),
+                                   rtol=0, atol=one_step)
     capped, capped_steps = fit_logistic_regressions(features, labels, task.num_classes, max_steps=int(steps.min()))
     assert np.isnan(capped[steps > steps.min()]).all() and (capped_steps[steps > steps.min()] > steps.min()).all()
     with pytest.raises(RuntimeError, match="did not converge"):

@@ -30,7 +30,7 @@ from fedroute.strategies.validation import (
     validate_evaluate_reply,
     validate_train_reply,
 )
-from test_security import error_reply, strategy
+from support.replies import error_reply, strategy
 
 K = 3
 TEMPLATE = {"w": np.zeros((2, 3))}

@@ -28,30 +28,25 @@ the end of the file.
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-import time
-import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
 from flwr.app import (
-    DEFAULT_TTL,
     Array,
     ArrayRecord,
     ConfigRecord,
     Error,
     Message,
     MessageType,
-    Metadata,
     MetricRecord,
     RecordDict,
 )
+from flwr.common.constant import SUPERLINK_NODE_ID
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -65,6 +60,8 @@ from fedroute.core.influence import InfluenceBounds
 from fedroute.core.methods import METHODS
 from fedroute.strategies.records import unpack_cluster_models
 from fedroute.strategies.validation import MIN_NUM_EXAMPLES
+from support.app_config import app_defaults
+from support.replies import train_instruction
 
 # --------------------------------------------------------------------------- fixtures of the model
 TEMPLATE_SHAPES = {"weights": (2, 3), "bias": (2,)}
@@ -76,7 +73,6 @@ CLIENT_POOL = 10
 MIN_BAD_PER_EXAMPLE = 18
 MAX_EXAMPLES = 60
 REQUIRED_BAD_REPLIES = 1000
-SUPERLINK_NODE_ID = 1
 
 PROPERTY_SETTINGS = settings(
     max_examples=MAX_EXAMPLES,
@@ -140,25 +136,8 @@ def _model_record(kind: str, arrays: dict[str, np.ndarray]):
     raise AssertionError(kind)
 
 
-_message_ids = itertools.count(1)
-
-
-def _instruction(node_id: int, server_round: int) -> Message:
-    """The TRAIN instruction a reply answers, as the SuperLink would have stored it.
-
-    ``Message(content, dst_node_id, message_type)`` needs a running task identity
-    (``TaskIdentity.run_id``), so the metadata is given explicitly instead.
-    """
-    metadata = Metadata(
-        run_id=1, message_id=f"instruction-{next(_message_ids)}", src_node_id=SUPERLINK_NODE_ID,
-        dst_node_id=node_id, reply_to_message_id="", group_id=str(server_round), created_at=time.time(),
-        ttl=DEFAULT_TTL, message_type=MessageType.TRAIN,
-    )
-    return Message(content=RecordDict(), metadata=metadata)
-
-
 def _message(spec: Spec, node_id: int, server_round: int) -> Message:
-    instruction = _instruction(node_id, server_round)
+    instruction = train_instruction(node_id, server_round)
     if spec.error is not None:
         return Message(error=Error(code=spec.error[0], reason=spec.error[1]), reply_to=instruction)
     content = RecordDict()
@@ -857,12 +836,7 @@ def test_routing_settings_reject_bad_values_naming_the_field(bad: tuple[str, Any
 
 
 # --------------------------------------------------------------------------- parse_run_config
-def _defaults() -> dict[str, Any]:
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as stream:
-        return tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-
-
-DEFAULTS = _defaults()
+DEFAULTS = app_defaults()
 
 
 @st.composite

@@ -6,10 +6,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
-SUBPACKAGES = ("client", "strategies", "server", "simulation", "simulation.experiments", "tasks", "monitoring")
+from support.app_config import app_components
+
+SUBPACKAGES = ("core", "client", "strategies", "server", "simulation", "simulation.experiments", "tasks", "monitoring")
 
 
 def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path) -> None:
@@ -25,8 +26,7 @@ def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path)
         check=True, capture_output=True, text=True, cwd=tmp_path,
     )
     assert not (target / "fedroute" / "tests").exists() and not (target / "fedroute" / "bench").exists()
-    with open(repository / "pyproject.toml", "rb") as stream:
-        components = tomllib.load(stream)["tool"]["flwr"]["app"]["components"]
+    components = app_components()
     probe = f"""
 import importlib, sys
 import fedroute

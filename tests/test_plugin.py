@@ -13,15 +13,11 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.task_identity import TaskIdentity
 
 import fedroute
 from fedroute import (
@@ -30,8 +26,6 @@ from fedroute import (
     RoutingSettings,
     cluster_models_from_torch,
     method_settings,
-    routing_evaluate,
-    routing_query,
     routing_train,
 )
 from fedroute import protocol
@@ -45,117 +39,15 @@ from fedroute.strategies.validation import (
     validate_train_reply,
 )
 from fedroute.tasks.linear import LinearTask
+from support.grid import InProcessGrid
+from support.linear_app import TASK, LinearModel, linear_initial_models, linear_user_app
 
 PUBLIC_API = {"ClusteredRouting", "FedCAM", "RoutingSettings", "method_settings", "cluster_models_from_torch",
               "cluster_models_to_torch", "unpack_cluster_models", "AlarmSettings",
               "routing_train", "routing_evaluate", "routing_query", "__version__"}
 
 
-# ----------------------------------------------------------------------------- harness
-@pytest.fixture(autouse=True)
-def task_identity() -> Iterator[None]:
-    """Flower stamps new messages with the running task's identity; give this process one (a ServerApp's)."""
-    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
-
-
-Handler = Callable[[Message, Context], Message]
-
-
-class InProcessGrid:
-    """A Flower ``Grid`` whose nodes are handler functions in this process.
-
-    Node ``1000 + i`` has ``node_config = {partition-id: i, num-partitions: n}``
-    and keeps its ``Context`` (hence ``context.state``) across messages.
-    """
-
-    def __init__(self, handlers: dict[str, Handler], num_nodes: int) -> None:
-        self.handlers = handlers
-        self.contexts = {
-            1000 + i: Context(run_id=1, node_id=1000 + i, node_config={"partition-id": i, "num-partitions": num_nodes},
-                              state=RecordDict(), run_config={})
-            for i in range(num_nodes)
-        }
-        self.sent: list[Message] = []
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
-        replies = []
-        for message in messages:
-            self.sent.append(message)
-            handler = self.handlers[message.metadata.message_type]
-            replies.append(handler(message, self.contexts[message.metadata.dst_node_id]))
-        return replies
-
-
-class LinearModel(torch.nn.Module):
-    """``x ↦ xᵀw`` in float64 (the linear task's model as a torch module)."""
-
-    def __init__(self, dimension: int) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(dimension, dtype=torch.float64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight
-
-
-def linear_user_app(task: LinearTask, calls: dict[str, int] | None = None) -> dict[str, Handler]:
-    """A user's ClientApp for the linear task: own data, loss and training loop, one fedroute call per handler."""
-    samples = task.samples(np.arange(task.num_clients))
-    calls = calls if calls is not None else {}
-
-    def data(context: Context) -> tuple[torch.Tensor, ...]:
-        i = int(context.node_config["partition-id"])
-        return tuple(torch.from_numpy(np.ascontiguousarray(a[i])) for a in (
-            samples.train_inputs, samples.train_targets, samples.test_inputs, samples.test_targets))
-
-    def loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-        return float(0.5 * torch.mean((model(x) - y) ** 2))
-
-    def make_train_fn(x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.nn.Module], None]:
-        def train_fn(model: torch.nn.Module) -> None:
-            calls["train_fn"] = calls.get("train_fn", 0) + 1
-            optimizer = torch.optim.SGD(model.parameters(), lr=task.learning_rate)
-            for _ in range(task.local_steps):
-                optimizer.zero_grad()
-                (0.5 * torch.mean((model(x) - y) ** 2)).backward()
-                optimizer.step()
-        return train_fn
-
-    def train(message: Message, context: Context) -> Message:
-        x, y, _, _ = data(context)
-        return routing_train(message, context, LinearModel(task.dimension), make_train_fn(x, y),
-                             lambda model: loss(model, x, y), num_examples=len(y))
-
-    def evaluate(message: Message, context: Context) -> Message:
-        x, y, x_test, y_test = data(context)
-        return routing_evaluate(message, context, LinearModel(task.dimension), lambda model: loss(model, x, y),
-                                num_examples=len(y), test_loss_fn=lambda model: loss(model, x_test, y_test),
-                                group=int(samples.groups[int(context.node_config["partition-id"])]))
-
-    def query(message: Message, context: Context) -> Message:
-        x, y, _, _ = data(context)
-        return routing_query(message, context, LinearModel(task.dimension), lambda model: loss(model, x, y),
-                             num_examples=len(y))
-
-    return {MessageType.TRAIN: train, MessageType.EVALUATE: evaluate, MessageType.QUERY: query}
-
-
-def linear_initial_models(task: LinearTask, num_clusters: int) -> list[ArrayRecord]:
-    modules = []
-    for model in task.initial_models(num_clusters):
-        module = LinearModel(task.dimension)
-        with torch.no_grad():
-            module.weight.copy_(torch.from_numpy(model))
-        modules.append(module)
-    return cluster_models_from_torch(modules)
-
-
-TASK = LinearTask(num_clients=8, samples_per_client=20, test_samples_per_client=10, init="collapsed", seed=2)
+pytestmark = pytest.mark.usefixtures("task_identity")  # Flower messages need a task identity
 
 
 # ------------------------------------------------------------------------------- tests

@@ -95,6 +95,7 @@ def test_the_app_uses_only_the_public_api(app_dir: Path) -> None:
                         "routing_train", "routing_evaluate", "routing_query"} and imported <= set(fedroute.__all__)
 
 
+@pytest.mark.process
 def test_default_exp3_recovers_from_identical_copies_and_greedy_does_not(app_dir: Path, task, tmp_path: Path):
     results = tmp_path / "boundaries.json"
     run = run_flower_app(app_dir, {"results-path": str(results), "num-server-rounds": NUM_ROUNDS},

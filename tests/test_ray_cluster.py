@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Iterator
 
@@ -26,9 +25,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.cli import main as fedroute_main
 from fedroute.simulation.simulator import simulate
+from support.app_config import app_settings
 
 NUM_NODES = 4
 CONFIG = {"method": "exp3", "num-server-rounds": 3, "seed": 0, "block-length": 3}
@@ -101,6 +100,7 @@ def _driver_entrypoints(address: str) -> list[str]:
     return [entry for entry in json.loads(listing.stdout.strip().splitlines()[-1]) if _LISTING not in entry]
 
 
+@pytest.mark.process
 def test_fedroute_flower_runs_on_an_existing_ray_cluster(ray_cluster: str, repository: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture) -> None:
     before = _driver_entrypoints(ray_cluster)
@@ -114,15 +114,14 @@ def test_fedroute_flower_runs_on_an_existing_ray_cluster(ray_cluster: str, repos
     assert any("flwr-simulation" in entry for entry in new_drivers), new_drivers
     # The results are those of the routing rules (the batched simulator of the same configuration).
     (directory,) = [path for path in tmp_path.iterdir() if path.is_dir()]
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    settings = parse_run_config({**defaults, **CONFIG, "num-clients": NUM_NODES})
+    settings = app_settings(CONFIG, **{"num-clients": NUM_NODES})
     expected = simulate(settings.task, settings.routing["exp3"], CONFIG["num-server-rounds"], settings.seed).routes
     routes = pd.read_csv(directory / "routes.csv").pivot(index="round_index", columns="client_id", values="cluster")
     np.testing.assert_array_equal(routes.to_numpy(), expected)
     assert json.loads((directory / "summary.json").read_text())["exp3"]["evaluated_clients"] == NUM_NODES
 
 
+@pytest.mark.process
 def test_a_plugin_app_runs_on_an_existing_ray_cluster(ray_cluster: str, repository: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture) -> None:
     before = _driver_entrypoints(ray_cluster)
@@ -138,6 +137,7 @@ def test_a_plugin_app_runs_on_an_existing_ray_cluster(ray_cluster: str, reposito
     assert [row["num_replies"] for row in summary["history"]] == [NUM_NODES, NUM_NODES]
 
 
+@pytest.mark.process
 def test_a_quick_sweep_on_the_cluster_equals_the_sweep_in_process(ray_cluster: str, tmp_path: Path) -> None:
     before = _driver_entrypoints(ray_cluster)
     assert fedroute_main(["reproduce", "linear", "--quick", "--out", str(tmp_path / "cluster"),

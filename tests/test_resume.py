@@ -1,21 +1,21 @@
-"""Checkpoints and client state: atomic files, replayed rounds, and a resumed Flower run."""
+"""Checkpoints and client state: atomic files, replayed rounds, where a client keeps its state.
+
+A real server side killed mid-run and resumed is ``tests/test_faults.py``.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-from flwr.app import Context, RecordDict
 
 from fedroute.core.agent import AgentState
 from fedroute.core.client_step import client_round
-from fedroute.client.state_store import load_agent_state, save_agent_state
-from fedroute.server.launcher import run_flower_app
+from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.strategies.checkpoint import load_checkpoint, save_checkpoint
 from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask
+from support.grid import node_context
 
 
 def test_checkpoint_round_trip_is_atomic(tmp_path: Path) -> None:
@@ -29,16 +29,12 @@ def test_checkpoint_round_trip_is_atomic(tmp_path: Path) -> None:
     assert load_checkpoint(tmp_path / "none") is None
 
 
-def _context() -> Context:
-    return Context(run_id=1, node_id=1, node_config={"partition-id": 3}, state=RecordDict(), run_config={})
-
-
 def test_a_replayed_round_starts_from_the_same_state(tmp_path: Path) -> None:
     task = LinearTask(num_clients=4, init="collapsed")
     settings = method_settings("exp3", preset="linear", block_length=2)
     client = task.clients(np.array([3]))
     models = task.initial_models(2)
-    context = _context()
+    context = node_context()
     results = []
     for round_index in (0, 1, 2, 2):  # the server sends round 2 again
         state = load_agent_state(context, "key", settings, round_index, 3, tmp_path)
@@ -50,9 +46,9 @@ def test_a_replayed_round_starts_from_the_same_state(tmp_path: Path) -> None:
     assert not np.array_equal(results[1].state.exp3_log_weights, np.zeros((1, 2)))  # block end after t = 1
     # Only the newest two rounds stay in Context.state; a fresh context (restarted node) reads the file.
     assert sorted(key for key in context.state.keys()) == ["fedroute-state:key@1", "fedroute-state:key@2"]
-    restarted = load_agent_state(_context(), "key", settings, 3, 3, tmp_path)
+    restarted = load_agent_state(node_context(), "key", settings, 3, 3, tmp_path)
     np.testing.assert_array_equal(restarted.exp3_log_weights, results[3].state.exp3_log_weights)
-    fresh = load_agent_state(_context(), "key", settings, 3, 3, None)
+    fresh = load_agent_state(node_context(), "key", settings, 3, 3, None)
     np.testing.assert_array_equal(fresh.exp3_log_weights, AgentState.initial(1, settings).exp3_log_weights)
 
 
@@ -64,7 +60,7 @@ def test_state_in_context_keeps_every_field_and_dtype_and_a_foreign_one_starts_a
                         ("hysteresis_target", 2), ("hysteresis_count", 3), ("forced_episode", True),
                         ("previous_route", 2), ("rounds_played", 9)):
         getattr(state, name)[:] = value
-    context = _context()
+    context = node_context()
     save_agent_state(context, "key", state, 4, 3)
     loaded = load_agent_state(context, "key", settings, 5, 3)
     for name, value in state.to_arrays().items():
@@ -79,46 +75,14 @@ def test_state_in_context_keeps_every_field_and_dtype_and_a_foreign_one_starts_a
     assert fresh.rounds_played[0] == 0
 
 
-def test_server_killed_mid_run_resumes_to_the_uninterrupted_result(repository: Path, tmp_path: Path) -> None:
-    """Kill every process of a running simulation after round 3 is checkpointed, then resume."""
-    import threading
-    import time
-
-    from fedroute.server.launcher import stop_processes
-    from fedroute.strategies.checkpoint import load_checkpoint
-
-    base = {"method": "exp3", "num-clients": 8, "seed": 5, "block-length": 2, "num-server-rounds": 8}
-    state = tmp_path / "state"
-    resumable = {"checkpoint-dir": str(state / "server"), "client-state-dir": str(state / "clients")}
-
-    home = tmp_path / "killed-home"
-    outcome: dict = {}
-    worker = threading.Thread(target=lambda: outcome.update(result=run_flower_app(
-        repository, {**base, **resumable, "results-dir": str(tmp_path / "killed")}, num_supernodes=8,
-        timeout=600, flwr_home=home)))
-    worker.start()
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        stored = load_checkpoint(state / "server" / "exp3")
-        if stored is not None and stored[1]["server_round"] >= 3:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("no checkpoint of round 3 appeared")
-    stop_processes(home, grace=0.0)  # SIGTERM then SIGKILL: the server side dies mid-run
-    worker.join(120)
-    assert not outcome["result"].completed
-    killed_at = load_checkpoint(state / "server" / "exp3")[1]["server_round"]
-    assert 3 <= killed_at < base["num-server-rounds"]
-
-    resumed = run_flower_app(repository, {**base, **resumable, "results-dir": str(tmp_path / "resumed")},
-                             num_supernodes=8, timeout=600)
-    whole = run_flower_app(repository, {**base, "results-dir": str(tmp_path / "whole")}, num_supernodes=8,
-                           timeout=600)
-    assert resumed.completed and whole.completed
-    (resumed_dir,) = list((tmp_path / "resumed").iterdir())
-    (whole_dir,) = list((tmp_path / "whole").iterdir())
-    assert json.loads((resumed_dir / "summary.json").read_text())["exp3"]["resumed_from_round"] == killed_at
-    expected, actual = np.load(whole_dir / "cluster_models.npz"), np.load(resumed_dir / "cluster_models.npz")
-    for key in expected.files:
-        np.testing.assert_allclose(actual[key], expected[key], atol=1e-12, rtol=0)
+def test_the_state_directory_is_the_node_configs_else_the_run_configs() -> None:
+    """A SuperNode's ``state-dir`` (deployment) wins over the run config's ``client-state-dir`` (simulation,
+    where every client shares one), which the real-process resume test uses; neither: no file."""
+    context = node_context()
+    assert state_directory(context) is None
+    context.run_config = {"client-state-dir": "/run/shared"}
+    assert state_directory(context) == Path("/run/shared")
+    context.node_config = {**context.node_config, "state-dir": "/node/own"}
+    assert state_directory(context) == Path("/node/own")
+    context.node_config = {**context.node_config, "state-dir": ""}
+    assert state_directory(context) == Path("/run/shared")

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
 
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.cli import main
-
-
-@pytest.fixture()
-def defaults(repository: Path) -> dict:
-    with open(repository / "pyproject.toml", "rb") as stream:
-        return tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
 
 
 def test_defaults_parse_to_three_methods(defaults: dict) -> None:

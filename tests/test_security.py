@@ -9,36 +9,20 @@ test shows which finding and what happens now).  The real-process faults
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
-import time
 import tracemalloc
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
-from flwr.app import (
-    DEFAULT_TTL,
-    Array,
-    ArrayRecord,
-    Context,
-    Error,
-    Message,
-    MessageType,
-    Metadata,
-    MetricRecord,
-    RecordDict,
-)
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import Array, ArrayRecord
 
 from fedroute import protocol
 from fedroute.core.agent import AgentState
-from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state
 from fedroute.server.results import write_results
 from fedroute.server.run_config import parse_run_config
@@ -50,59 +34,11 @@ from fedroute.core.influence import DEFAULT_MAX_WEIGHT_RATIO
 from fedroute.core.methods import method_settings
 from fedroute.strategies.rejections import MAX_RECORDED_PER_ROUND
 from fedroute.strategies.validation import ReplyRejected, validate_train_reply
+from support.app_config import app_run_config
+from support.grid import builtin_grid, node_context, server_main
+from support.replies import ROUTING, SHAPE, OnlineNodes, error_reply, reply, strategy, train_metrics
 
-SHAPE = (3,)
-ROUTING = RoutingSettings(num_clusters=2, controllers=("gr",))
 CAP = DEFAULT_MAX_WEIGHT_RATIO
-_ids = itertools.count()
-
-
-# --------------------------------------------------------------------------- crafted replies
-def _instruction(node_id: int, server_round: int) -> Message:
-    metadata = Metadata(run_id=1, message_id=f"instruction-{next(_ids)}", src_node_id=SUPERLINK_NODE_ID,
-                        dst_node_id=node_id, reply_to_message_id="", group_id=str(server_round),
-                        created_at=time.time(), ttl=DEFAULT_TTL, message_type=MessageType.TRAIN)
-    return Message(content=RecordDict(), metadata=metadata)
-
-
-def _metrics(client_id: int, cluster: int, num_examples: Any, num_clusters: int = 2) -> dict[str, Any]:
-    return {protocol.CLUSTER: cluster, protocol.CLIENT_ID: client_id, protocol.NUM_EXAMPLES: num_examples,
-            protocol.LOSSES: [0.5] * num_clusters,
-            protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(num_clusters)]}
-
-
-def reply(node_id: int, client_id: int, cluster: int, num_examples: Any, value: Any, *, server_round: int = 1,
-          global_value: Any = None, metrics: Optional[dict[str, Any]] = None,
-          model: Optional[ArrayRecord] = None) -> Message:
-    """A training reply from ``node_id`` as the SuperLink delivers it (model = ``value`` everywhere)."""
-    content = RecordDict({
-        protocol.METRICS: MetricRecord(metrics if metrics is not None else _metrics(client_id, cluster, num_examples)),
-        protocol.MODEL: model if model is not None else ArrayRecord({"w": Array(np.full(SHAPE, value, dtype=np.float64))}),
-    })
-    if global_value is not None:
-        content[protocol.GLOBAL_MODEL] = ArrayRecord({"w": Array(np.full(SHAPE, global_value, dtype=np.float64))})
-    return Message(content=content, reply_to=_instruction(node_id, server_round))
-
-
-def error_reply(node_id: int, reason: str, server_round: int = 1) -> Message:
-    return Message(error=Error(code=3, reason=reason), reply_to=_instruction(node_id, server_round))
-
-
-def strategy(kind: type = ClusteredRouting, **kwargs: Any) -> ClusteredRouting:
-    made = kind(ROUTING, **kwargs)
-    made.cluster_models = [{"w": np.zeros(SHAPE)}, {"w": np.ones(SHAPE)}]
-    made._num_rounds = 10
-    return made
-
-
-class OnlineNodes:
-    """The part of a Flower ``Grid`` the identity check uses."""
-
-    def __init__(self, node_ids: set[int]) -> None:
-        self.node_ids = set(node_ids)
-
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.node_ids)
 
 
 # --------------------------------------------------------------------------- 1. sample-count takeover
@@ -242,7 +178,7 @@ def test_reasons_never_embed_the_offending_value() -> None:
     huge = [0.25] * 2_000_000
     for key, value in [(protocol.LOSSES, huge), (protocol.EXP3_LOG_WEIGHTS, huge), (protocol.CLUSTER, huge),
                        (protocol.NUM_EXAMPLES, huge), (protocol.FEEDBACK, huge)]:
-        metrics = {**_metrics(1, 0, 10), key: value}
+        metrics = {**train_metrics(1, 0, 10), key: value}
         with pytest.raises(ReplyRejected) as caught:
             validate_train_reply(reply(5, 1, 0, 10, 1.0, metrics=metrics).content, 2, {"w": np.zeros(SHAPE)}, 2)
         assert f"'{key}'" in str(caught.value) and len(str(caught.value)) < 200, (key, str(caught.value)[:300])
@@ -264,7 +200,7 @@ def test_client_error_text_is_escaped_and_cut(caplog: pytest.LogCaptureFixture) 
 def test_rejected_replies_are_bounded_per_round_and_in_checkpoints(tmp_path: Path) -> None:
     """Before: each round's rejected reasons were rewritten into every checkpoint (8.5 → 17 → 25.5 MB)."""
     made = strategy(checkpoint_dir=tmp_path)
-    bad_metrics = {**_metrics(1, 0, 10), protocol.LOSSES: [0.25] * 2_000_000}
+    bad_metrics = {**train_metrics(1, 0, 10), protocol.LOSSES: [0.25] * 2_000_000}
     sizes = []
     for server_round in (1, 2, 3):
         replies = [reply(5, 1, 0, 10, 1.0, metrics=bad_metrics, server_round=server_round)]
@@ -318,90 +254,39 @@ def test_accepted_arrays_are_read_in_place() -> None:
 
 
 # --------------------------------------------------------------------------- 5. lost work
-def _context() -> Context:
-    return Context(run_id=1, node_id=1, node_config={"partition-id": 3}, state=RecordDict(), run_config={})
-
-
 def test_a_truncated_state_file_is_moved_aside_and_the_client_starts_afresh(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Before: ``BadZipFile`` on every load and save: the client failed every round from then on."""
     settings = method_settings("exp3", preset="linear")
     state = AgentState.initial(1, settings)
     played = AgentState(**{**state.to_arrays(), "rounds_played": np.array([5])})
-    save_agent_state(_context(), "key", played, 4, 3, tmp_path)
+    save_agent_state(node_context(), "key", played, 4, 3, tmp_path)
     path = tmp_path / "key" / "client-3.npz"
     path.write_bytes(path.read_bytes()[:40])  # torn by a crash or a full disk
     with caplog.at_level(logging.WARNING, logger="fedroute"):
-        loaded = load_agent_state(_context(), "key", settings, 5, 3, tmp_path)
+        loaded = load_agent_state(node_context(), "key", settings, 5, 3, tmp_path)
     assert int(loaded.rounds_played[0]) == 0  # afresh
     assert "cannot be read" in caplog.text and "starts afresh" in caplog.text
     (aside,) = list((tmp_path / "key").glob("client-3.npz.corrupt-*"))
     assert aside.stat().st_size == 40 and not path.exists()
-    save_agent_state(_context(), "key", played, 5, 3, tmp_path)  # and it goes on
-    assert int(load_agent_state(_context(), "key", settings, 6, 3, tmp_path).rounds_played[0]) == 5
+    save_agent_state(node_context(), "key", played, 5, 3, tmp_path)  # and it goes on
+    assert int(load_agent_state(node_context(), "key", settings, 6, 3, tmp_path).rounds_played[0]) == 5
 
 
 def test_a_node_whose_state_starts_afresh_says_so(caplog: pytest.LogCaptureFixture) -> None:
     """Before: a restarted node without its state reset its controllers with an INFO line."""
     with caplog.at_level(logging.WARNING, logger="fedroute"):
-        load_agent_state(_context(), "key", method_settings("exp3", preset="linear"), 7, 3, None)
+        load_agent_state(node_context(), "key", method_settings("exp3", preset="linear"), 7, 3, None)
     assert [record.levelname for record in caplog.records] == ["WARNING"]
     assert "round 7" in caplog.text and "starts afresh" in caplog.text
 
 
-class InProcessGrid:
-    """A Flower ``Grid`` whose nodes run the fedroute ClientApp handlers in this process."""
-
-    def __init__(self, num_nodes: int, run_config: dict[str, Any], fail_evaluation: bool = False) -> None:
-        from fedroute.client import app as client
-
-        self.handlers = {MessageType.TRAIN: client.train, MessageType.QUERY: client.provisional,
-                         MessageType.EVALUATE: client.evaluate}
-        self.fail_evaluation = fail_evaluation
-        self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, state=RecordDict(), run_config=run_config,
-                                           node_config={"partition-id": i, "num-partitions": num_nodes})
-                         for i in range(num_nodes)}
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def send_and_receive(self, messages: Any, timeout: Optional[float] = None) -> list[Message]:
-        replies = []
-        for message in messages:
-            if self.fail_evaluation and message.metadata.message_type == MessageType.EVALUATE:
-                replies.append(Message(error=Error(code=1, reason="evaluation crashed"), reply_to=message))
-                continue
-            handler = self.handlers[message.metadata.message_type]
-            replies.append(handler(message, self.contexts[message.metadata.dst_node_id]))
-        return replies
-
-
-@pytest.fixture()
-def server_identity() -> Any:
-    """Flower stamps new messages with the running task's identity; give this process a ServerApp's."""
-    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
-
-
 def _run_config(tmp_path: Path, **changes: Any) -> dict[str, Any]:
-    import tomllib
-
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    return {**defaults, "num-clients": 3, "num-server-rounds": 2, "results-dir": str(tmp_path / "results"),
-            "round-timeout": 5.0, **changes}
+    return app_run_config({"num-clients": 3, "num-server-rounds": 2, "results-dir": str(tmp_path / "results"),
+                           "round-timeout": 5.0}, **changes)
 
 
-def _server_main(grid: InProcessGrid, run_config: dict[str, Any]) -> None:
-    from fedroute.server.app import main
-
-    main(grid, Context(run_id=77, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(),
-                       run_config=run_config))
-
-
-def test_each_method_is_written_as_soon_as_it_ends(tmp_path: Path, server_identity: Any,
+def test_each_method_is_written_as_soon_as_it_ends(tmp_path: Path, task_identity: None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: results were written after all methods: a failure in the last lost the others."""
     def crash(*args: Any, **kwargs: Any) -> None:
@@ -410,7 +295,7 @@ def test_each_method_is_written_as_soon_as_it_ends(tmp_path: Path, server_identi
     monkeypatch.setattr(FedCAM, "start", crash)
     config = _run_config(tmp_path)
     with pytest.raises(RuntimeError, match="FedCAM crashed"):
-        _server_main(InProcessGrid(3, config), config)
+        server_main(builtin_grid(3, config), config)
     directory = tmp_path / "results" / "77"
     summary = json.loads((directory / "summary.json").read_text())
     assert list(summary) == ["greedy", "exp3", "sync-entry", "fedcam"]
@@ -424,10 +309,10 @@ def test_each_method_is_written_as_soon_as_it_ends(tmp_path: Path, server_identi
 
 
 def test_no_valid_evaluation_reply_gives_a_result_with_the_evaluation_missing(
-        tmp_path: Path, server_identity: Any) -> None:
+        tmp_path: Path, task_identity: None) -> None:
     """Before: ``need at least one array to stack`` and no result at all."""
     config = _run_config(tmp_path, method="exp3")
-    _server_main(InProcessGrid(3, config, fail_evaluation=True), config)
+    server_main(builtin_grid(3, config, fail_evaluation=True), config)
     summary = json.loads((tmp_path / "results" / "77" / "summary.json").read_text())["exp3"]
     assert summary["evaluation"] == "missing" and summary["evaluated_clients"] == 0
     assert summary["rejected_replies"] == 3 and summary["rounds"] == 2
@@ -475,7 +360,7 @@ def test_result_files_are_replaced_atomically(tmp_path: Path, monkeypatch: pytes
 ])
 def test_route_distributions_are_checked(distribution: list[float], why: str) -> None:
     """Before: negative entries and mass on another cluster were accepted."""
-    metrics = {**_metrics(1, 0, 10), protocol.ROUTE_DISTRIBUTION: distribution}
+    metrics = {**train_metrics(1, 0, 10), protocol.ROUTE_DISTRIBUTION: distribution}
     with pytest.raises(ReplyRejected, match=f"'{protocol.ROUTE_DISTRIBUTION}' .*{why}"):
         validate_train_reply(reply(5, 1, 0, 10, 1.0, metrics=metrics).content, 2, {"w": np.zeros(SHAPE)})
 
@@ -488,7 +373,7 @@ def test_run_keys_stay_inside_the_state_directory(tmp_path: Path, run_key: str) 
     state_dir = tmp_path / "deep" / "state"
     settings = method_settings("exp3", preset="linear")
     with pytest.raises(ValueError, match="run key"):
-        save_agent_state(_context(), run_key, AgentState.initial(1, settings), 0, 3, state_dir)
+        save_agent_state(node_context(), run_key, AgentState.initial(1, settings), 0, 3, state_dir)
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]
 
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from flwr.app import ArrayRecord, ConfigRecord
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedroute.core.settings import RoutingSettings
 from fedroute.server.launcher import run_flower_app
-from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.records import array_record, pack_cluster_models
+from support.app_config import app_settings
 
 NUM_NODES = 6
 
@@ -27,12 +25,12 @@ class _Nodes:
 
 
 def _strategy() -> ClusteredRouting:
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
     strategy = ClusteredRouting(RoutingSettings(num_clusters=2), min_available_nodes=NUM_NODES)
     strategy.cluster_models = [{"w": np.full(3, float(k)), "b": np.array([k + 0.5])} for k in range(2)]
     return strategy
 
 
+@pytest.mark.usefixtures("task_identity")
 def test_a_rounds_messages_share_the_model_and_config_records_built_once() -> None:
     strategy = _strategy()
     messages = list(strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), _Nodes()))
@@ -48,6 +46,7 @@ def test_a_rounds_messages_share_the_model_and_config_records_built_once() -> No
     np.testing.assert_array_equal(strategy.cluster_models[1]["w"], [1.0, 1.0, 1.0])
 
 
+@pytest.mark.usefixtures("task_identity")
 def test_new_models_get_new_records_and_a_foreign_packed_record_is_unpacked() -> None:
     strategy = _strategy()
     first = list(strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), _Nodes()))[0]
@@ -63,8 +62,8 @@ def test_new_models_get_new_records_and_a_foreign_packed_record_is_unpacked() ->
     assert array_record(replaced[0])["w"].numpy().tolist() == [7.0, 7.0, 7.0]
 
 
-def test_a_clientapp_overwriting_what_it_received_changes_nothing_for_the_others(test_app, repository: Path,
-                                                                                 tmp_path: Path) -> None:
+@pytest.mark.process
+def test_a_clientapp_overwriting_what_it_received_changes_nothing_for_the_others(test_app, tmp_path: Path) -> None:
     app_dir = test_app("overwriting")
     rounds = 4
     config = {"method": "exp3", "num-clients": NUM_NODES, "num-server-rounds": rounds, "seed": 3,
@@ -72,9 +71,7 @@ def test_a_clientapp_overwriting_what_it_received_changes_nothing_for_the_others
     result = run_flower_app(app_dir, config, num_supernodes=NUM_NODES, timeout=600)
     assert result.completed, result.stdout[-3000:]
     (directory,) = [path for path in (tmp_path / "results").iterdir() if path.is_dir()]
-    with open(repository / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    settings = parse_run_config({**defaults, **config})
+    settings = app_settings(config)
     expected = simulate(settings.task, settings.routing["exp3"], rounds, settings.seed)
     routes = pd.read_csv(directory / "routes.csv").pivot(index="round_index", columns="client_id", values="cluster")
     np.testing.assert_array_equal(routes.to_numpy(), expected.routes)

@@ -18,6 +18,7 @@ def test_slow():
 
 def _run_slow_suite(repository: Path, tmp_path: Path, interval: str) -> str:
     shutil.copy(repository / "tests" / "conftest.py", tmp_path / "conftest.py")
+    shutil.copytree(repository / "tests" / "support", tmp_path / "support")  # what the conftest imports
     (tmp_path / "test_slow.py").write_text(SLOW_TEST)
     completed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                                capture_output=True, text=True, timeout=60, cwd=tmp_path,

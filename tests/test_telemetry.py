@@ -30,28 +30,13 @@ from fedroute.monitoring.telemetry import (
 )
 from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import recording, simulate
-from test_plugin import TASK, InProcessGrid, linear_initial_models, linear_user_app
-from test_plugin import task_identity  # noqa: F401  (autouse: Flower messages need a task identity)
+from support.grid import InProcessGrid
+from support.telemetry import assert_same_telemetry
+from support.linear_app import TASK, linear_initial_models, linear_user_app
+
+pytestmark = pytest.mark.usefixtures("task_identity")  # Flower messages need a task identity
 
 NUM_ROUNDS = 12
-TIMING = ("seconds",)
-UNKNOWN_TO_THE_SIMULATOR = ("node_id",)
-
-
-def assert_same_telemetry(flower_dir: Path, simulator_dir: Path) -> None:
-    """Both run directories hold the same rounds and clients tables (timing and node ids aside)."""
-    for name, skip in ((ROUNDS_FILE, TIMING), (CLIENTS_FILE, UNKNOWN_TO_THE_SIMULATOR)):
-        flower, simulated = read_table(flower_dir / name), read_table(simulator_dir / name)
-        assert list(flower.columns) == list(simulated.columns), name
-        keys = ["method", "server_round"] + (["client_id"] if name == CLIENTS_FILE else [])
-        flower = flower.sort_values(keys, kind="stable").reset_index(drop=True)
-        simulated = simulated.sort_values(keys, kind="stable").reset_index(drop=True)
-        columns = [column for column in flower.columns if column not in skip]
-        # losses go through a torch or a remote client and back: equal to float rounding
-        pd.testing.assert_frame_equal(flower[columns], simulated[columns], check_exact=False, rtol=1e-9, atol=1e-12,
-                                      obj=name)
-
-
 def _simulated(directory: Path, method: str, routing, seed: int) -> None:
     recorder = RunRecorder(method, routing.num_clusters, routing.controllers, NUM_ROUNDS, telemetry_dir=directory,
                            progress_interval=None)
