@@ -49,18 +49,8 @@ class IdentifyingGrid(FakeGrid):
                         reply_to=m) for m in messages]
 
 
-@pytest.fixture()
-def server_identity():
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
-    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
-
-
-def test_partial_participation_samples_clients_not_node_ids(server_identity) -> None:
+@pytest.mark.usefixtures("task_identity")
+def test_partial_participation_samples_clients_not_node_ids() -> None:
     """The same clients are sampled whatever node ids Flower drew for them (and in whatever order)."""
     first_nodes, other_nodes = list(range(10, 30)), [2**62 + 7 * i for i in range(20)][::-1]
     first_grid, other_grid = IdentifyingGrid(first_nodes), IdentifyingGrid(other_nodes[::-1])
@@ -75,7 +65,8 @@ def test_partial_participation_samples_clients_not_node_ids(server_identity) -> 
     assert first_grid.asked == 20                                             # each node is asked once only
 
 
-def test_sampled_ids_are_exact_64_bit_node_ids(server_identity) -> None:
+@pytest.mark.usefixtures("task_identity")
+def test_sampled_ids_are_exact_64_bit_node_ids() -> None:
     nodes = [2**62 + 12345 + 7 * i for i in range(40)]  # Flower's node ids are 64-bit integers
     sampled = _strategy(fraction_train=0.1, seed=1)._sample_nodes(IdentifyingGrid(nodes), 2)
     assert len(sampled) == 4 and set(sampled) <= set(nodes)

@@ -8,15 +8,11 @@ receive are estimated from every client's latest report.
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, Error, Message, MessageType, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import MessageType
 
 from fedroute import protocol
 from fedroute.core.federation import FederationState, estimate_federation
@@ -26,6 +22,8 @@ from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.records import array_record
+from support.app_config import app_run_config
+from support.grid import InProcessGrid, builtin_handlers
 
 NUM_CLIENTS, NUM_ROUNDS, FRACTION, SEED = 16, 14, 0.25, 3
 
@@ -101,56 +99,27 @@ def test_one_clients_claim_is_capped_in_the_estimate() -> None:
 
 
 # ----------------------------------------------------------------------------- Flower ≡ simulator
-@pytest.fixture()
-def server_identity() -> Iterator[None]:
-    previous = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
-    yield
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = previous
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _run_config(**changes: Any) -> dict[str, Any]:
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as stream:
-        defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    return {**defaults, "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS, "seed": SEED,
-            "fraction-train": FRACTION, "preset": "generic", "init": "spread", **changes}
+    return app_run_config({"num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS, "seed": SEED,
+                           "fraction-train": FRACTION, "preset": "generic", "init": "spread"}, **changes)
 
 
-class ClientNodes:
-    """A Flower ``Grid`` whose nodes (random 64-bit ids, as Flower draws them) run the fedroute ClientApp."""
-
-    def __init__(self, run_config: dict[str, Any], node_seed: int, query_handler: bool = True) -> None:
-        from fedroute.client import app as client
-
-        self.handlers = {MessageType.TRAIN: client.train, MessageType.EVALUATE: client.evaluate}
-        if query_handler:
-            self.handlers[MessageType.QUERY] = client.provisional
-        node_ids = np.random.default_rng(node_seed).integers(1, 2**62, size=NUM_CLIENTS)
-        self.contexts = {int(node): Context(run_id=1, node_id=int(node), state=RecordDict(), run_config=run_config,
-                                            node_config={"partition-id": i, "num-partitions": NUM_CLIENTS})
-                         for i, node in enumerate(node_ids)}
-        self.messages: dict[str, int] = {}
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def send_and_receive(self, messages: Any, timeout: Optional[float] = None) -> list[Message]:
-        replies = []
-        for message in messages:
-            kind = message.metadata.message_type
-            phase = message.content.config_records[protocol.CONFIG].get(protocol.PHASE)
-            self.messages[f"{kind}/{phase}"] = self.messages.get(f"{kind}/{phase}", 0) + 1
-            if kind not in self.handlers:
-                replies.append(Message(error=Error(code=0, reason=f"no handler for {kind}"), reply_to=message))
-                continue
-            replies.append(self.handlers[kind](message, self.contexts[message.metadata.dst_node_id]))
-        return replies
+def _nodes(run_config: dict[str, Any], node_seed: int, query_handler: bool = True) -> InProcessGrid:
+    """The built-in ClientApp on nodes with random 64-bit ids (Flower draws them anew for every simulation)."""
+    handlers = builtin_handlers()
+    if not query_handler:
+        del handlers[MessageType.QUERY]
+    node_ids = np.random.default_rng(node_seed).integers(1, 2**62, size=NUM_CLIENTS)
+    return InProcessGrid(handlers, NUM_CLIENTS, run_config, node_ids=node_ids)
 
 
 def _flower_run(run_config: dict[str, Any], method: str, node_seed: int, **grid_options: Any
-                ) -> tuple[ClusteredRouting, ClientNodes]:
+                ) -> tuple[ClusteredRouting, InProcessGrid]:
     settings = parse_run_config(run_config)
-    grid = ClientNodes(run_config, node_seed, **grid_options)
+    grid = _nodes(run_config, node_seed, **grid_options)
     strategy = ClusteredRouting(settings.routing[method], fraction_train=FRACTION, min_train_nodes=2,
                                 min_available_nodes=NUM_CLIENTS, seed=SEED, progress_interval=None,
                                 evaluate_at_end=False, run_key=method)
@@ -160,7 +129,7 @@ def _flower_run(run_config: dict[str, Any], method: str, node_seed: int, **grid_
 
 
 @pytest.mark.parametrize("method", ["exp3", "sync-entry"])
-def test_flower_equals_the_simulator_and_node_ids_do_not_matter(server_identity: None, method: str) -> None:
+def test_flower_equals_the_simulator_and_node_ids_do_not_matter(method: str) -> None:
     run_config = _run_config(method=method)
     strategy, grid = _flower_run(run_config, method, node_seed=0)
     again, _ = _flower_run(run_config, method, node_seed=1)          # other node ids: the same run
@@ -177,13 +146,16 @@ def test_flower_equals_the_simulator_and_node_ids_do_not_matter(server_identity:
                                history.cluster_models[-1], rtol=0, atol=1e-12)
     np.testing.assert_allclose(strategy.routing_masses, history.masses[-1], rtol=0, atol=1e-12)
     # Each node is identified once; no models travel with the identification.
-    assert grid.messages[f"{MessageType.QUERY}/{protocol.PHASE_IDENTIFY}"] == NUM_CLIENTS
-    assert grid.messages[f"{MessageType.TRAIN}/{protocol.PHASE_TRAIN}"] == 4 * NUM_ROUNDS
+    assert grid.count(MessageType.QUERY, protocol.PHASE_IDENTIFY) == NUM_CLIENTS
+    assert grid.count(MessageType.TRAIN, protocol.PHASE_TRAIN) == 4 * NUM_ROUNDS
+    identify = [m for m in grid.sent if m.content.config_records[protocol.CONFIG].get(protocol.PHASE)
+                == protocol.PHASE_IDENTIFY]
+    assert all(not m.content.array_records for m in identify)
     # Over the run every client played, and the masses counted clients that did not play in the last round.
     assert history.played.any(axis=0).all()
     assert history.masses[-1].sum() == pytest.approx(1.0)
 
 
-def test_without_a_query_handler_the_run_stops_naming_it(server_identity: None) -> None:
+def test_without_a_query_handler_the_run_stops_naming_it() -> None:
     with pytest.raises(RuntimeError, match=r"@app\.query\(\) returning fedroute\.routing_query"):
         _flower_run(_run_config(method="exp3"), "exp3", node_seed=0, query_handler=False)

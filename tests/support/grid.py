@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
@@ -55,17 +55,23 @@ class InProcessGrid:
         Every node's ``context.run_config`` (the built-in ClientApp reads its task from it).
     fail_evaluation : bool, default False
         Answer every EVALUATE message with an error reply instead.
+    node_ids : sequence of int, optional
+        The nodes' ids (partition ``i`` on ``node_ids[i]``; e.g. random 64-bit ids, as Flower
+        draws them anew for every simulation); ``1000 + i`` by default.
+
+    A message type without a handler gets an error reply, as Flower gives one.
     """
 
     def __init__(self, handlers: Mapping[str, Handler], num_nodes: int, run_config: Optional[Mapping[str, Any]] = None,
-                 fail_evaluation: bool = False) -> None:
+                 fail_evaluation: bool = False, node_ids: Optional[Sequence[int]] = None) -> None:
         self.handlers = dict(handlers)
         self.fail_evaluation = fail_evaluation
+        ids = [FIRST_NODE_ID + i for i in range(num_nodes)] if node_ids is None else [int(n) for n in node_ids]
         self.contexts = {
-            FIRST_NODE_ID + i: Context(run_id=1, node_id=FIRST_NODE_ID + i, state=RecordDict(),
-                                       node_config={"partition-id": i, "num-partitions": num_nodes},
-                                       run_config=dict(run_config or {}))
-            for i in range(num_nodes)
+            node: Context(run_id=1, node_id=node, state=RecordDict(),
+                          node_config={"partition-id": i, "num-partitions": num_nodes},
+                          run_config=dict(run_config or {}))
+            for i, node in enumerate(ids)
         }
         self.sent: list[Message] = []
 
@@ -79,9 +85,20 @@ class InProcessGrid:
             if self.fail_evaluation and message.metadata.message_type == MessageType.EVALUATE:
                 replies.append(Message(error=Error(code=1, reason="evaluation crashed"), reply_to=message))
                 continue
-            handler = self.handlers[message.metadata.message_type]
+            handler = self.handlers.get(message.metadata.message_type)
+            if handler is None:
+                replies.append(Message(error=Error(code=0, reason=f"no {message.metadata.message_type} handler"),
+                                       reply_to=message))
+                continue
             replies.append(handler(message, self.contexts[message.metadata.dst_node_id]))
         return replies
+
+    def count(self, message_type: str, phase: str) -> int:
+        """Messages sent of one type and ``phase`` (the ConfigRecord's ``phase`` key)."""
+        from fedroute import protocol
+
+        return sum(1 for m in self.sent if m.metadata.message_type == message_type
+                   and m.content.config_records[protocol.CONFIG].get(protocol.PHASE) == phase)
 
 
 def builtin_grid(num_nodes: int, run_config: Mapping[str, Any], fail_evaluation: bool = False) -> InProcessGrid:
