@@ -275,10 +275,11 @@ class TorchClient:
         """Raise ``ValueError`` unless ``template`` (a received model) fits the module's ``state_dict``."""
         received = [(name, tuple(value.shape)) for name, value in template.items()]
         if received != self.layout:
-            raise ValueError(f"the server's cluster models do not fit the module's state_dict: "
-                             f"{layout_difference(received, self.layout)}. Give routing_* a module of the "
-                             "architecture the server's initial models were made from (the server builds them "
-                             "with fedroute.cluster_models_from_torch from the same class)")
+            # The difference first: the server keeps the start of an error reply's reason (after Flower's prefix).
+            raise ValueError(f"architecture mismatch: {layout_difference(received, self.layout)} between the "
+                             "server's cluster models and the module's state_dict; give routing_* a module of the "
+                             "architecture the server's initial models were made from (fedroute."
+                             "cluster_models_from_torch of the same class)")
 
     def to_vector(self) -> NDArray[np.float64]:
         """The module's current ``state_dict`` as one flat float64 vector."""
