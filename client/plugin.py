@@ -112,10 +112,12 @@ def routing_train(
         The user's module (same architecture as the cluster models).  It is
         used as a working buffer and holds the trained routed model afterwards.
     train_fn : callable
-        ``train_fn(model) -> None``: the user's local training, in place, on
-        their data.  Called with the module in ``train()`` mode, once for the
-        routed model and once more per probed cluster when a hysteresis entry
-        test runs (probe results are discarded).
+        ``train_fn(model) -> None | float | dict``: the user's local training, in
+        place, on their data.  Called with the module in ``train()`` mode, once
+        for the routed model and once more per probed cluster when a hysteresis
+        entry test runs (probe results are discarded).  What it returns for the
+        routed model is sent as the MetricRecord ``train-metrics``: a dict of
+        numbers, or a number (its loss, sent as ``train_loss``).
     loss_fn : callable
         ``loss_fn(model) -> float``: mean loss on the client's training data.
         Called once per cluster model, in ``eval()`` mode under ``torch.no_grad()``.

@@ -8,7 +8,7 @@ and the module's ``state_dict`` (every parameter *and* buffer, in
 
 * ``loss_fn(model) -> float`` — mean loss of the module on the client's
   training data (called once per cluster model per round);
-* ``train_fn(model) -> None | dict`` — the user's local training, in place
+* ``train_fn(model) -> None | float | dict`` — the user's local training, in place
   (optionally returning metrics of the routed model's training);
 * ``test_loss_fn(model) -> float`` — optional, the held-out loss for the
   final evaluation.
@@ -26,14 +26,14 @@ import torch
 from numpy.typing import NDArray
 
 __all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "cluster_models_to_torch",
-           "module_arrays", "train_metrics_of"]
+           "module_arrays", "train_metrics_of", "layout_difference", "TRAIN_LOSS_METRIC"]
 
 LossFunction = Callable[[torch.nn.Module], float]
 """``loss_fn(model) -> float``: mean loss of ``model`` on this client's data."""
 TrainFunction = Callable[[torch.nn.Module], Any]
-"""``train_fn(model) -> None | dict``: local training of ``model`` in place; it may return metrics
-(a dict or ``MetricRecord`` of numbers or lists of numbers, e.g. ``{"train_loss": 0.31}``), which
-the strategy averages per cluster as ``FedAvg`` does."""
+"""``train_fn(model) -> None | float | dict``: local training of ``model`` in place; it may return metrics
+(a dict or ``MetricRecord`` of numbers or lists of numbers, e.g. ``{"train_loss": 0.31}``; a number is its
+loss, ``{"train_loss": number}``), which the strategy averages per cluster as ``FedAvg`` does."""
 
 
 def module_arrays(module: torch.nn.Module) -> dict[str, NDArray]:
@@ -120,20 +120,37 @@ def cluster_models_to_torch(models: Any, num_clusters: Optional[int] = None) -> 
             for model in models]
 
 
+TRAIN_LOSS_METRIC = "train_loss"
+"""The metric name of a number ``train_fn`` returns (the name Flower's quickstart gives its training loss)."""
+
+
+def _is_number(value: Any) -> bool:
+    """A Python/numpy real number or a one-element tensor, not a bool."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.dtype != torch.bool
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def train_metrics_of(value: Any) -> Optional[dict[str, Any]]:
     """What ``train_fn`` returned, as metrics: ``None``, or a dict of floats / lists of floats.
+
+    A number (Python, numpy or a one-element tensor: a training loop that returns
+    its loss) becomes ``{"train_loss": value}``.
 
     Raises
     ------
     TypeError
-        Naming the offending key, unless ``value`` is ``None`` or a mapping of
-        string keys to numbers (Python or 0-d tensors) or lists of numbers.
+        Naming the offending key, unless ``value`` is ``None``, a number, or a
+        mapping of string keys to numbers (Python or 0-d tensors) or lists of numbers.
     """
     if value is None:
         return None
+    if _is_number(value):  # a training loop that returns its loss (Flower's quickstart does)
+        value = {TRAIN_LOSS_METRIC: value}
     if not hasattr(value, "items"):
-        raise TypeError(f"train_fn returned {type(value).__name__}; return None, or a dict of metrics such as "
-                        "{'train_loss': 0.31} (numbers or lists of numbers)")
+        raise TypeError(f"train_fn returned {type(value).__name__}; return None, a number (its loss, reported as "
+                        f"'{TRAIN_LOSS_METRIC}'), or a dict of metrics such as {{'train_loss': 0.31}} (numbers or "
+                        "lists of numbers)")
     metrics: dict[str, Any] = {}
     for key, item in value.items():
         if not isinstance(key, str):
@@ -150,6 +167,34 @@ def train_metrics_of(value: Any) -> Optional[dict[str, Any]]:
             numbers.append(float(number))
         metrics[key] = numbers if isinstance(item, (list, tuple)) else numbers[0]
     return metrics
+
+
+def layout_difference(received: Sequence[tuple[str, tuple[int, ...]]],
+                      expected: Sequence[tuple[str, tuple[int, ...]]], limit: int = 3) -> str:
+    """Only what differs between two ``(name, shape)`` layouts, in bounded words (at most ``limit`` per kind).
+
+    >>> layout_difference([("w", (2, 16)), ("b", (2,))], [("w", (3, 16)), ("b", (2,))])
+    "1 of 2 entries differ (shapes: 'w' server (2, 16) vs module (3, 16))"
+    """
+    server, module = dict(received), dict(expected)
+    shapes = [f"{name[:80]!r} server {server[name]} vs module {module[name]}"
+              for name in server if name in module and server[name] != module[name]]
+    only_server = [repr(name[:80]) for name in server if name not in module]
+    only_module = [repr(name[:80]) for name in module if name not in server]
+    parts = [_listed(shapes, limit, "shapes: "), _listed(only_server, limit, "only in the server's models: "),
+             _listed(only_module, limit, "only in the module: ")]
+    parts = [part for part in parts if part]
+    if not parts:
+        return f"the same {len(module)} entries in another order"
+    differing = len(shapes) + len(set(server) ^ set(module))
+    return f"{differing} of {len(set(server) | set(module))} entries differ (" + "; ".join(parts) + ")"
+
+
+def _listed(items: Sequence[str], limit: int, label: str = "") -> str:
+    if not items:
+        return ""
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return label + ", ".join(items[:limit]) + more
 
 
 def _layout(arrays: dict[str, NDArray]) -> list[tuple[str, tuple[int, ...], str]]:
@@ -174,7 +219,7 @@ class TorchClient:
         ``loss_fn(model) -> float``, the mean training loss.  Called with the
         module in ``eval()`` mode under ``torch.no_grad()``.
     train_fn : callable, optional
-        ``train_fn(model) -> None | dict``, local training in place.  Called with the
+        ``train_fn(model) -> None | float | dict``, local training in place.  Called with the
         module in ``train()`` mode.  Needed only for :meth:`local_update`; what
         the last call returned is in :attr:`train_metrics`.
     num_examples : int
@@ -230,10 +275,11 @@ class TorchClient:
         """Raise ``ValueError`` unless ``template`` (a received model) fits the module's ``state_dict``."""
         received = [(name, tuple(value.shape)) for name, value in template.items()]
         if received != self.layout:
-            raise ValueError(
-                f"the server's cluster models have arrays {received}, but the module's state_dict has "
-                f"{self.layout}; build the initial models from this architecture with "
-                "fedroute.cluster_models_from_torch")
+            # The difference first: the server keeps the start of an error reply's reason (after Flower's prefix).
+            raise ValueError(f"architecture mismatch: {layout_difference(received, self.layout)} between the "
+                             "server's cluster models and the module's state_dict; give routing_* a module of the "
+                             "architecture the server's initial models were made from (fedroute."
+                             "cluster_models_from_torch of the same class)")
 
     def to_vector(self) -> NDArray[np.float64]:
         """The module's current ``state_dict`` as one flat float64 vector."""

@@ -24,9 +24,16 @@ kind                      raised when … / cleared when …
                           needed again; a spare cluster raises no starvation warning
 ``recovery``              (an ``INFO`` event) after collapsed entrance or starvation, every
                           cluster they named has been routed again and none is active
-``dead-federation``       (``ERROR``) no valid reply for ``N`` rounds in a row: the run
-                          must stop (:class:`DeadFederation`)
+``dead-federation``       (``ERROR``) no valid reply for ``N`` rounds in a row, or in any
+                          round of a run shorter than that (:meth:`AlarmMonitor.unanswered_run`):
+                          the run must stop (:class:`DeadFederation`)
 ========================  ==============================================================
+
+:func:`missing_handler_advice` recognises Flower's error replies of a ClientApp
+that lacks a handler and names the fedroute call to register; the messages of a
+dead federation, of a final evaluation without a valid reply
+(:func:`evaluation_failure`) and of synchronized entry without a valid report
+(:func:`query_failure`) include it.
 
 Rounds are the paper's ``t = server_round - 1``.  Nothing here logs or
 writes: see :func:`log_events` and :mod:`fedroute.monitoring.recorder`.
@@ -35,6 +42,9 @@ writes: see :func:`log_events` and :mod:`fedroute.monitoring.recorder`.
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -43,7 +53,7 @@ from numpy.typing import NDArray
 
 __all__ = [
     "AlarmSettings", "Alarm", "AlarmEvent", "AlarmMonitor", "DeadFederation", "log_events", "starvation_basin",
-    "task_starvation_basin",
+    "task_starvation_basin", "missing_handler_advice", "evaluation_failure", "query_failure",
     "COLLAPSED_ENTRANCE", "STARVATION", "DUPLICATION", "RECOVERY", "DEAD_FEDERATION", "SPARE",
 ]
 
@@ -58,7 +68,63 @@ _MAX_REASONS = 3
 
 
 class DeadFederation(RuntimeError):
-    """No valid reply arrived for ``dead_rounds`` rounds in a row; the message names the first reasons."""
+    """No valid reply arrived where the run needs one; the message names the first reasons and the fix.
+
+    Raised by ``ClusteredRouting.start`` after ``dead_rounds`` training rounds in a row without a valid
+    reply, at the end of a shorter run none of whose rounds had one, when the final evaluation brought no
+    valid reply, and when synchronized entry's query brought no valid report.
+    """
+
+
+_HANDLERS = {"train": "routing_train", "evaluate": "routing_evaluate", "query": "routing_query"}
+_MISSING_HANDLER = re.compile(r"No (train|evaluate|query) function registered")
+_CHECKS = ("Check that the ClientApp starts on the nodes (SuperNode logs, `flwr log`), that it replies with "
+           "fedroute's reply schema (docs/plugin.md), and that round-timeout is long enough")
+
+
+def missing_handler_advice(reasons: Iterable[str]) -> str:
+    """What to register when rejected replies are Flower's errors for a ClientApp without a handler.
+
+    Flower 1.42's ``ClientApp`` answers a message type it has no function for with
+    ``ValueError: No <type> function registered with name 'default'`` (an error
+    reply).  Returns ``""`` when no reason says so.
+
+    >>> advice = missing_handler_advice(["... Message: No query function registered with name 'default'"])
+    >>> advice[:46], "fedroute.routing_query(" in advice
+    ('The ClientApp has no @app.query() handler (Flo', True)
+    """
+    missing = sorted({match.group(1) for reason in reasons if (match := _MISSING_HANDLER.search(str(reason)))})
+    return " ".join(f"The ClientApp has no @app.{kind}() handler (Flower: 'No {kind} function registered'): "
+                    f"register one that returns fedroute.{_HANDLERS[kind]}(msg, context, model, "
+                    f"{'train_fn, ' if kind == 'train' else ''}loss_fn, num_examples) (docs/plugin.md)."
+                    for kind in missing)
+
+
+def _reasons_text(counts: Mapping[str, int], nothing: str) -> str:
+    """``reason (n replies); ...`` of the first distinct reasons, or ``nothing`` when there are none."""
+    return "; ".join(f"{reason} ({count} {'replies' if count > 1 else 'reply'})"
+                     for reason, count in list(counts.items())[:_MAX_REASONS]) or nothing
+
+
+def _failure(what: str, reasons: Mapping[str, int], nothing: str, then: str) -> str:
+    """A no-valid-reply error: what failed, its first reasons (reason → count), the missing handler if that is
+    why, else what to check."""
+    return f"{what}. Reasons: {_reasons_text(reasons, nothing)}. {missing_handler_advice(reasons) or then}"
+
+
+def evaluation_failure(num_asked: int, reasons: Sequence[str]) -> str:
+    """The error of a final evaluation none of whose ``num_asked`` replies was valid (``reasons``: the rejections)."""
+    return _failure(f"final evaluation: none of the {num_asked} nodes asked sent a valid reply, so the run has no "
+                    "result (its trained models are in strategy.cluster_models, its rounds in strategy.history)",
+                    Counter(map(str, reasons)), "no reply arrived (every node timed out)",
+                    "Check that the ClientApp's @app.evaluate() handler returns fedroute.routing_evaluate(...) and "
+                    "works on the final models, and that round-timeout is long enough")
+
+
+def query_failure(reasons: Sequence[str]) -> str:
+    """The error of synchronized entry's provisional query without a valid report (``reasons``: the rejections)."""
+    return _failure("synchronized entry: no valid provisional report arrived", Counter(map(str, reasons)),
+                    "no reply arrived (every node timed out)", _CHECKS)
 
 
 @dataclass(frozen=True)
@@ -328,14 +394,27 @@ class AlarmMonitor:
                 state.silent_reasons[reason] = state.silent_reasons.get(reason, 0) + 1
         if state.silent_rounds != self.settings.dead_rounds or self.dead is not None:
             return []
-        reasons_text = "; ".join(f"{reason} ({count} {'replies' if count > 1 else 'reply'})"
-                                 for reason, count in state.silent_reasons.items())
-        reasons_text = reasons_text or "no reply arrived (every node timed out)"
-        message = (f"dead federation: no valid training reply in {state.silent_rounds} rounds in a row "
-                   f"({_rounds(state.silent_since, round_index)}); the run stops. First reasons: {reasons_text}. "
-                   "Check that the ClientApp starts on the nodes (SuperNode logs, `flwr log`), that it replies "
-                   "with fedroute's reply schema (docs/plugin.md), and that round-timeout is long enough")
-        return [self._raise(round_index, DEAD_FEDERATION, [], message, logging.ERROR)]
+        return [self._dead(round_index, f"{state.silent_rounds} rounds in a row")]
+
+    def unanswered_run(self, num_rounds: int) -> Optional[AlarmEvent]:
+        """At the end of training: raise the dead-federation alarm if none of the run's ``num_rounds``
+        rounds had a valid reply and the alarm has not stopped it already (a run shorter than ``N`` rounds).
+
+        Returns the event (``None`` if some round had a valid reply); the caller logs it and stops the run
+        with :class:`DeadFederation` rather than evaluating the untrained initial models.
+        """
+        state = self._state
+        if num_rounds < 1 or state.silent_rounds < num_rounds or self.dead is not None:
+            return None
+        return self._dead(state.silent_since + state.silent_rounds - 1, f"any of the run's {num_rounds} rounds")
+
+    def _dead(self, round_index: int, rounds_text: str) -> AlarmEvent:
+        """Raise the dead-federation alarm at round ``t``: no valid reply in ``rounds_text``."""
+        state = self._state
+        message = _failure(f"dead federation: no valid training reply in {rounds_text} "
+                           f"({_rounds(state.silent_since, round_index)}); the run stops", state.silent_reasons,
+                           "no reply arrived (every node timed out)", _CHECKS)
+        return self._raise(round_index, DEAD_FEDERATION, [], message, logging.ERROR)
 
     def _replies_returned(self, round_index: int) -> list[AlarmEvent]:
         self._state.silent_rounds = 0

@@ -5,10 +5,13 @@ FedCAM baseline in turn on the same nodes (each with its own client-state namesp
 per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
 ``status.json`` at once, the telemetry tables and alarm events round by round,
 ``summary.json``, the final models and routes as soon as each method ends
-(each file atomically).  A run that fails (e.g. a dead federation) records the
-error and its alarms in ``summary.json`` and ``status.json`` and stops with the
-error.  A method whose final evaluation brought no valid reply gets a summary
-with ``"evaluation": "missing"``.  With ``save-round-models = true`` it also
+(each file atomically).  A run that fails records the error and its alarms in
+``summary.json`` and ``status.json`` and stops with the error (Flower then
+reports the run failed, and ``fedroute flower`` / ``deploy`` exit non-zero):
+among others a dead federation — no valid training reply in ``dead-rounds``
+rounds in a row, or in any round of a shorter run — and a final evaluation
+without a valid reply (:class:`~fedroute.monitoring.alarms.DeadFederation`).
+With ``save-round-models = true`` it also
 writes ``round_models.npz``: every method's models after every round (for short
 runs and runtime-equivalence checks).
 """
@@ -116,19 +119,16 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     final = protocol.stack_flat(evaluated_models(strategy, settings.task))
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
-    if evaluation:
-        summary = run_summary(
-            final,
-            np.stack([reply.train_losses for reply in evaluation]),
-            np.stack([reply.test_losses for reply in evaluation]),
-            np.array([reply.group for reply in evaluation]),
-            route_counts,
-            getattr(settings.task, "group_parameters", None),
-        )
-        summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
-    else:
-        logger.warning("%s: no valid evaluation reply; the summary has no evaluation", method)
-        summary = {"evaluation": "missing"}
+    # start() raised DeadFederation if the final evaluation brought no valid reply
+    summary = run_summary(
+        final,
+        np.stack([reply.train_losses for reply in evaluation]),
+        np.stack([reply.test_losses for reply in evaluation]),
+        np.array([reply.group for reply in evaluation]),
+        route_counts,
+        getattr(settings.task, "group_parameters", None),
+    )
+    summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
     rounds_run = settings.num_rounds - strategy.resumed_from_round
     summary.update(rounds=settings.num_rounds, resumed_from_round=strategy.resumed_from_round, wall_seconds=wall,
                    seconds_per_round=wall / max(rounds_run, 1),

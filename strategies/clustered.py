@@ -29,7 +29,14 @@ from fedroute.core.federation import FederationState
 from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
 from fedroute.core.participation import Participation, sample_size
 from fedroute.core.settings import RoutingSettings
-from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation
+from fedroute.monitoring.alarms import (
+    Alarm,
+    AlarmSettings,
+    DeadFederation,
+    evaluation_failure,
+    log_events,
+    query_failure,
+)
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.monitoring.telemetry import ClientReplies, short_reason
@@ -468,7 +475,8 @@ class ClusteredRouting(Strategy):
         Raises
         ------
         fedroute.monitoring.alarms.DeadFederation
-            When no valid reply arrived for ``alarm_settings.dead_rounds`` rounds in a row.
+            When no valid reply arrived for ``alarm_settings.dead_rounds`` rounds in a row, in any
+            round of a shorter run, or in the final evaluation, or no valid report to synchronized entry.
         """
         if num_rounds < 1:
             raise ValueError(f"num_rounds = {num_rounds} is invalid; allowed: an integer ≥ 1")
@@ -503,6 +511,10 @@ class ClusteredRouting(Strategy):
             self._save(server_round)
             self._round_ended()
             self._evaluate_on_server(server_round, evaluate_fn, result)
+        if (silent := self._recorder().alarms.unanswered_run(num_rounds)) is not None:  # a run shorter than N
+            log_events(logger, self.label, [silent])
+            self._recorder().close()
+            raise DeadFederation(silent.message)
         packed = self._packed_models()
         evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
         if evaluation:
@@ -510,6 +522,9 @@ class ClusteredRouting(Strategy):
             if metrics is not None:
                 result.evaluate_metrics_clientapp[num_rounds] = metrics
         self._recorder().close()
+        if evaluation and not self.final_evaluation:
+            asked, reasons = len(list(evaluation)), self.rejections.reasons(num_rounds, "evaluate")
+            raise DeadFederation(evaluation_failure(asked, reasons))
         result.arrays = packed
         return result
 
@@ -618,7 +633,7 @@ class ClusteredRouting(Strategy):
         )
         reports = self._valid(replies, lambda c: validate_provisional_reply(c, self.num_clusters), 0, "provisional")
         if not reports:
-            raise RuntimeError("synchronized entry: no valid provisional report arrived")
+            raise DeadFederation(query_failure(self.rejections.reasons(0, "provisional")))
         weights = capped_weights(np.array([r.num_examples for r in reports]), self.influence.max_weight_ratio)
         self.provisional_masses = routing_masses(np.array([r.cluster for r in reports]), weights, self.num_clusters)
         logger.info("synchronized entry: provisional masses %s", np.round(self.provisional_masses, 3).tolist())

@@ -103,7 +103,7 @@ def unpack_cluster_models(packed: ArrayRecord, num_clusters: Optional[int] = Non
         prefix, _, name = key.partition("/")
         index = prefix[len(protocol.CLUSTER_PREFIX):]
         if not prefix.startswith(protocol.CLUSTER_PREFIX) or not name or not index.isdigit():
-            raise ValueError(f"packed cluster-model key {key!r} is not 'cluster-<k>/<name>'")
+            raise ValueError(_unpacked_key_error(key, num_clusters))
         entries.append((int(index), name, array))
     if num_clusters is None:
         num_clusters = max((cluster for cluster, _, _ in entries), default=-1) + 1
@@ -116,3 +116,17 @@ def unpack_cluster_models(packed: ArrayRecord, num_clusters: Optional[int] = Non
     if not models or any(not model for model in models):
         raise ValueError(f"packed record does not hold all {num_clusters} cluster models")
     return models
+
+
+def _unpacked_key_error(key: str, num_clusters: Optional[int]) -> str:
+    """Why ``key`` cannot be a packed cluster-model key, and what to pass instead.
+
+    The usual cause is one model's ``ArrayRecord`` (what ``FedAvg.start`` takes, e.g.
+    ``ArrayRecord(net.state_dict())``) given where ``K`` models are expected.
+    """
+    k = "K" if num_clusters is None else f"K = {num_clusters}"
+    return (f"packed cluster-model key {key!r} is not 'cluster-<k>/<name>': this looks like one model's "
+            f"ArrayRecord (FedAvg's initial_arrays), but clustered routing needs {k} models. Pass a list of "
+            "K ArrayRecords, one per cluster: fedroute.cluster_models_from_torch([Net() for _ in range(K)]) "
+            "(K modules, e.g. K seeds), or cluster_models_from_torch([net] * K) to start every cluster from "
+            "one model (docs/plugin.md)")

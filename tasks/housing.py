@@ -52,7 +52,19 @@ Oracle and initialisation (paper B.5; jitter is our choice)
     ``ū(R) + init_jitter · Δ_β · z_k`` with ``z_k ~ N(0, I_9)`` from
     ``generator(seed, 0, 0, INIT)`` (per-coordinate standard deviation
     ``init_jitter · Δ_β``), so the ``K`` models start close together near
-    ``ū(R)``: a collapsed entrance whose distance from both oracles grows with ``R``.
+    ``ū(R)``, at a distance from both oracles that grows with ``R``.
+
+Entrance (``entrance``; as the GMM task's, EXPERIMENTS E5/E6)
+    The jitter alone decides the round-zero routes: that start (init draw 0,
+    ``entrance = "any"``) is a collapsed entrance — every client's
+    controller-free greedy choice on its training losses at ``W^0`` the same
+    model — in only 8 of E6's 40 starts (seeds 0–9, ``R ∈ {0, 0.5, 1, 2}``).
+    ``"collapsed"`` (the default) conditions the start on it: init draw
+    ``j = 0, 1, …`` is the same construction with ``z_k`` from
+    ``generator(seed, 0, j, INIT)``, and the first draw whose greedy choices
+    (ties to the lowest index) leave a model unused (``K^0 < K``; ``K^0 = 1``
+    for ``K = 2``) is the start (:meth:`HousingTask.initial_draw`; at most
+    ``max_init_draws``).
 
 Defaults (our choice, EXPERIMENTS E6; measured on the real table)
     ``num_clients = 20`` (15 group-0 + 5 group-1 clients of 825–826 training
@@ -101,6 +113,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: clients never nee
 
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.task import checked_client_ids
+from fedroute.tasks.entrance import ENTRANCES, conditioned_start
 
 __all__ = [
     "FEATURES",
@@ -499,6 +512,11 @@ class HousingTask:
         ``Δ_β`` (≥ 0).
     seed : int
         Split, directions and initialisation seed (≥ 0).
+    entrance : {"collapsed", "any"}
+        ``"collapsed"`` (default): the first init draw with ``K^0 < K``; ``"any"``: draw 0
+        (module docstring).
+    max_init_draws : int
+        Draws ``"collapsed"`` may take before it raises (≥ 1).
     data_file : str, optional
         Local copy of the table (csv, csv.gz, parquet); default
         ``$FEDROUTE_HOUSING_FILE``, else ``fetch_california_housing``.
@@ -511,11 +529,13 @@ class HousingTask:
     init_radius: float = 1.0
     init_jitter: float = 0.05
     seed: int = 0
+    entrance: str = "collapsed"
+    max_init_draws: int = 1000
     data_file: Optional[str] = None
     name: str = "housing"
 
     def __post_init__(self) -> None:
-        for key in ("num_clients", "local_steps", "seed"):
+        for key in ("num_clients", "local_steps", "seed", "max_init_draws"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"housing task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
@@ -533,6 +553,8 @@ class HousingTask:
             (np.isfinite(self.init_radius) and self.init_radius >= 0, "init-radius", self.init_radius, "≥ 0"),
             (np.isfinite(self.init_jitter) and self.init_jitter >= 0, "init-jitter", self.init_jitter, "≥ 0"),
             (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
+            (self.entrance in ENTRANCES, "entrance", self.entrance, f"one of {ENTRANCES}"),
+            (self.max_init_draws >= 1, "max-init-draws", self.max_init_draws, "an integer ≥ 1"),
         ]
         for holds, key, value, allowed in checks:
             if not holds:
@@ -648,9 +670,29 @@ class HousingTask:
             raise ValueError("need at least one client id")
         return client_ids
 
-    def initial_models(self, num_clusters: int) -> NDArray[np.float64]:
-        """``W^0``: ``ū(R) + init_jitter · Δ_β · z_k``, ``z_k ~ N(0, I_9)``, shape (K, 9)."""
+    def _init_draw(self, draw: int, num_clusters: int) -> NDArray[np.float64]:
+        """Init draw ``draw``: ``ū(R) + init_jitter · Δ_β · z_k``, ``z_k ~ N(0, I_9)`` from
+        ``generator(seed, 0, draw, INIT)``, shape (K, 9)."""
+        noise = generator(self.seed, 0, draw, Purpose.INIT).standard_normal((num_clusters, DIMENSION))
+        return self.initial_centre() + self.init_jitter * self.group_distance * noise
+
+    def initial_draw(self, num_clusters: int) -> tuple[NDArray[np.float64], int]:
+        """``(W^0, draws)``: the start of :attr:`entrance` and the number of init draws it took
+        (:func:`~fedroute.tasks.entrance.conditioned_start`: ``"any"`` draw 0, ``"collapsed"`` the first
+        draw whose greedy choices on the training losses leave a model unused).
+
+        Raises
+        ------
+        ValueError
+            ``num_clusters`` not an integer ≥ 1 (≥ 2 for ``"collapsed"``), or no collapsed draw within
+            ``max_init_draws``.
+        """
         if isinstance(num_clusters, bool) or int(num_clusters) != num_clusters or num_clusters < 1:
             raise ValueError(f"num_clusters must be an integer ≥ 1, got {num_clusters!r}")
-        noise = generator(self.seed, 0, 0, Purpose.INIT).standard_normal((int(num_clusters), DIMENSION))
-        return self.initial_centre() + self.init_jitter * self.group_distance * noise
+        return conditioned_start(self.entrance, lambda draw: self._init_draw(draw, int(num_clusters)),
+                                 lambda: self.clients(np.arange(self.num_clients)), int(num_clusters),
+                                 self.max_init_draws, f"housing task (seed {self.seed}, R = {self.init_radius:g})")
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.float64]:
+        """``W^0`` of shape (K, 9): ``ū(R) + init_jitter · Δ_β · z_k`` (the draw of :meth:`initial_draw`)."""
+        return self.initial_draw(num_clusters)[0]

@@ -354,6 +354,8 @@ def _housing_tables(mutate_rows: Callable[[list[dict[str, Any]]], None] = lambda
     tables["convergence_check"] = {"max_excess_by_group": [0.03, 0.01], "median_excess_by_group": [0.02, 0.01],
                                    "max_excess_over_gap": 0.1, "rounds": HOUSING_CONFIG.rounds}
     tables["data"] = {"source": "by hand", "data_file": None, "rows": 0}
+    tables["init_draws"] = summarise_init_draws(
+        HOUSING_CONFIG.entrance, {f"{r:g}": [1, 4][:HOUSING_CONFIG.seeds_per_radius] for r in HOUSING_CONFIG.radii})
     return tables
 
 

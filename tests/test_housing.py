@@ -326,6 +326,39 @@ def test_initial_centre_is_u_bar(generated: dict) -> None:
     assert not np.allclose(other.directions, directions)
 
 
+def test_the_collapsed_entrance_is_the_first_init_draw_that_leaves_a_model_unused(generated: dict) -> None:
+    """E6's starts, conditioned like E5's: init draw j takes its jitter from generator(seed, 0, j, INIT)."""
+    def task(seed: int, **settings) -> HousingTask:
+        return HousingTask(num_clients=7, seed=seed, init_radius=1.0, init_jitter=0.3,
+                           data_file=str(generated["csv_gz"]), **settings)
+
+    def clusters_used(task: HousingTask, models: np.ndarray) -> int:
+        return len(np.unique(np.argmin(task.clients(np.arange(7)).losses(models), axis=1)))
+
+    searched = [(seed, *task(seed).initial_draw(2)) for seed in range(SEED, SEED + 20)]
+    seed, models, draws = next(found for found in searched if found[2] > 1)  # a start that needed a search
+    collapsed, as_it_falls = task(seed), task(seed, entrance="any")
+    assert collapsed.entrance == "collapsed" and clusters_used(collapsed, models) == 1
+    assert [clusters_used(collapsed, collapsed._init_draw(j, 2)) for j in range(draws - 1)] == [2] * (draws - 1)
+    noise = generator(seed, 0, draws - 1, Purpose.INIT).standard_normal((2, 9))
+    np.testing.assert_allclose(models, collapsed.initial_centre() + 0.3 * collapsed.group_distance * noise,
+                               rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(collapsed.initial_models(2), models)
+    # "any" is draw 0, the start of the task's first version (generator(seed, 0, 0, INIT))
+    first = generator(seed, 0, 0, Purpose.INIT).standard_normal((2, 9))
+    np.testing.assert_allclose(as_it_falls.initial_models(2),
+                               as_it_falls.initial_centre() + 0.3 * as_it_falls.group_distance * first, rtol=1e-12)
+    assert as_it_falls.initial_draw(2)[1] == 1 and clusters_used(as_it_falls, as_it_falls.initial_models(2)) == 2
+    with pytest.raises(ValueError, match=r"no collapsed entrance in max-init-draws = 1 draws; allowed: a larger "
+                                         r"'max-init-draws'"):
+        task(seed, max_init_draws=1).initial_models(2)
+    with pytest.raises(ValueError, match="'entrance' = 'collapsed' needs num_clusters ≥ 2"):
+        collapsed.initial_models(1)
+    for key, value in (("entrance", "collapse"), ("max_init_draws", 0)):
+        with pytest.raises(ValueError, match=key.replace("_", "-")):
+            task(seed, **{key: value})
+
+
 def test_runs_of_different_seeds_batch_in_the_simulator(generated: dict) -> None:
     from fedroute.simulation.simulator import concatenate_clients, simulate, simulate_batch
     from fedroute.core.methods import method_settings

@@ -316,8 +316,13 @@ def test_train_fn_metrics_are_checked_on_both_sides() -> None:
     assert train_metrics_of({"a": np.float32(0.5), "b": (1, 2)}) == {"a": 0.5, "b": [1.0, 2.0]}
     with pytest.raises(TypeError, match="'loss'"):
         train_metrics_of({"loss": "low"})
-    with pytest.raises(TypeError, match="return None, or a dict"):
-        train_metrics_of(0.5)
+    # a training loop that returns its loss (Flower's quickstart) reports it as train_loss
+    assert train_metrics_of(0.5) == {"train_loss": 0.5}
+    assert train_metrics_of(torch.tensor(0.25)) == {"train_loss": 0.25}
+    assert train_metrics_of(np.float32(2.0)) == {"train_loss": 2.0} and train_metrics_of(3) == {"train_loss": 3.0}
+    for other in (True, "0.5", (0.5, 0.9), torch.tensor([0.5, 0.9])):
+        with pytest.raises(TypeError, match="return None, a number"):
+            train_metrics_of(other)
     from flwr.app import MetricRecord
 
     assert validate_train_metrics({"metrics": MetricRecord({})}) is None  # optional

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Context, Error, Message
 
 from fedroute import protocol
 from fedroute.core.agent import AgentState
@@ -32,6 +32,7 @@ from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
 from fedroute.core.influence import DEFAULT_MAX_WEIGHT_RATIO
 from fedroute.core.methods import method_settings
+from fedroute.monitoring.alarms import DeadFederation
 from fedroute.strategies.rejections import MAX_RECORDED_PER_ROUND
 from fedroute.strategies.validation import ReplyRejected, validate_train_reply
 from support.app_config import app_run_config
@@ -308,15 +309,36 @@ def test_each_method_is_written_as_soon_as_it_ends(tmp_path: Path, task_identity
     assert not [path.name for path in directory.iterdir() if path.name.startswith(".")]  # no temporaries
 
 
-def test_no_valid_evaluation_reply_gives_a_result_with_the_evaluation_missing(
+def test_no_valid_evaluation_reply_fails_the_run_and_keeps_its_rounds(
         tmp_path: Path, task_identity: None) -> None:
-    """Before: ``need at least one array to stack`` and no result at all."""
+    """Before: ``need at least one array to stack``; later ``"evaluation": "missing"`` and a normal end (exit 0)."""
     config = _run_config(tmp_path, method="exp3")
-    server_main(builtin_grid(3, config, fail_evaluation=True), config)
-    summary = json.loads((tmp_path / "results" / "77" / "summary.json").read_text())["exp3"]
-    assert summary["evaluation"] == "missing" and summary["evaluated_clients"] == 0
-    assert summary["rejected_replies"] == 3 and summary["rounds"] == 2
-    assert len(pd.read_csv(tmp_path / "results" / "77" / "rounds.csv")) == 2
+    with pytest.raises(DeadFederation, match=r"final evaluation: none of the 3 nodes .* evaluation crashed \(3 "):
+        server_main(builtin_grid(3, config, fail_evaluation=True), config)
+    directory = tmp_path / "results" / "77"
+    summary = json.loads((directory / "summary.json").read_text())["exp3"]
+    assert summary["error"].startswith("DeadFederation: final evaluation")
+    status = json.loads((directory / "status.json").read_text())
+    assert status["state"] == "failed" and "final evaluation" in status["error"]
+    assert len(pd.read_csv(directory / "rounds.csv")) == 2  # the trained rounds are on disk
+
+
+def test_a_short_run_without_any_valid_reply_fails_instead_of_returning_its_initial_models(
+        tmp_path: Path, task_identity: None) -> None:
+    """Before: 2 rounds (< dead-rounds = 3) of failing replies ended normally with W^0 and exit 0."""
+    config = _run_config(tmp_path, method="exp3")
+    grid = builtin_grid(3, config)
+    grid.handlers = {kind: _crashing for kind in grid.handlers}
+    with pytest.raises(DeadFederation, match=r"no valid training reply in any of the run's 2 rounds \(t=0…1\)"):
+        server_main(grid, config)
+    directory = tmp_path / "results" / "77"
+    summary = json.loads((directory / "summary.json").read_text())["exp3"]
+    assert "disk full (6 replies)" in summary["error"] and summary["active_alarms"] == ["dead-federation"]
+    assert json.loads((directory / "status.json").read_text())["state"] == "failed"
+
+
+def _crashing(message: Message, context: Context) -> Message:
+    return Message(error=Error(code=1, reason="disk full"), reply_to=message)
 
 
 def test_a_deployment_checkpoints_by_default_where_the_environment_says(

@@ -8,6 +8,13 @@ start ``ū(R)``; ours, chosen by the task: 20 pure clients, 20 % held out, one l
 ``R ≤ 2``: a model trained alone on group 0 (ill-conditioned along ``AveOccup``) converges slowly;
 the under-training check re-measures this for every seed at the largest R (``config.json``, a claim).
 
+Round zero (``entrance``, as E5's): the experiment studies recovery *from* a collapsed entrance (every client's
+controller-free greedy choice at ``W^0`` the same model, ``K^0 = 1``).  The task's start as it falls (``"any"``,
+the first version of E6; ``--config any-entrance``) is one in only 8 of the 40 starts, the jitter deciding the
+round-zero routes, so by default every start is conditioned on it (``"collapsed"``: the first of the task's init
+draws whose greedy choices leave a model unused, :meth:`~fedroute.tasks.housing.HousingTask.initial_draw`);
+``config.json`` reports the draws (``init_draws``) and what the entrance means (``notes``).
+
 Data: ``data_file`` (``--data-file``), else ``$FEDROUTE_HOUSING_FILE``, else the real loader (offline: the copy
 shipped in the package, ``tasks/data/california_housing.csv.gz``, with a logged warning).  The table is passed
 to every task as an absolute path (Ray workers do not depend on the working directory or the environment, and
@@ -26,8 +33,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from fedroute.simulation.experiments.gmm import summarise_init_draws
 from fedroute.simulation.experiments.kit import (
-    Experiment, InputError, Results, Sweep, by_value, claim, not_run, number, register)
+    Experiment, InputError, Results, Sweep, Variant, by_value, claim, not_run, number, register)
 from fedroute.simulation.experiments.radius import (
     METHOD_NAMES, RadiusSweepConfig, alone_convergence, radius_panels, radius_table, run_radius)
 from fedroute.tasks.housing import DATA_FILE_ENV, HousingTask, load_california_housing_from
@@ -38,12 +46,19 @@ KEEP_LEVEL = 0.8
 """EXP3 "keeps two usable models": Pr(K_T^eval = 2) at least this at every R."""
 EMBEDDED_SOURCE = "embedded copy"
 """``config.json`` source of the table shipped in the package."""
+ENTRANCE_TEXT = {
+    "collapsed": "collapsed entrance in every run: the first init draw j = 0, 1, ... (jitter z_k from "
+                 "generator(seed, 0, j, INIT); draw 0 = the 'any' start) whose controller-free greedy choices on "
+                 "the clients' training losses at W^0 leave a model unused (K^0 = 1); draws per cell in init_draws",
+    "any": "the task's start as it falls (init draw 0; the first version of E6): K^0 = 2 in most starts",
+}
 
 
 @dataclass(frozen=True)
 class HousingExperimentConfig(RadiusSweepConfig):
     """Settings of E6 (paper-fixed: the task's data processing and init law, K = 2, EXP3 over {gr, com, rev};
-    ours: the rest).  ``task``: overrides of :class:`HousingTask`'s defaults; ``data_file``: module docstring."""
+    ours: the rest).  ``task``: overrides of :class:`HousingTask`'s defaults; ``data_file`` and ``entrance``
+    (``"collapsed"`` or ``"any"``): module docstring."""
 
     LABEL = "housing"
     PRESET = "housing"
@@ -56,11 +71,15 @@ class HousingExperimentConfig(RadiusSweepConfig):
     num_clusters: int = 2
     chunk_size: int = 10
     data_file: Optional[str] = None
+    entrance: str = HousingTask.entrance
     name: str = "E6-housing"
-    version: str = "1"
+    version: str = "2"
 
     def task_factory(self) -> Callable[[dict[str, Any]], HousingTask]:
-        return partial(make_housing_task, data_file=self.data_file, **self.task)
+        return partial(make_housing_task, data_file=self.data_file, entrance=self.entrance, **self.task)
+
+    def derived(self) -> dict[str, Any]:
+        return {**super().derived(), "entrance": ENTRANCE_TEXT[self.entrance]}
 
 
 def make_housing_task(cell: dict[str, Any], **task_settings: Any) -> HousingTask:
@@ -103,11 +122,19 @@ def _convergence_check(config: HousingExperimentConfig) -> dict[str, Any]:
     }
 
 
+def _init_draws(config: HousingExperimentConfig) -> dict[str, Any]:
+    """The init draws each cell's start took (:meth:`HousingTask.initial_draw`), per R and overall."""
+    draws: dict[str, list[int]] = {f"{r:g}": [] for r in config.radii}
+    for cell in config.cells():
+        draws[f"{cell['radius']:g}"].append(config.task_factory()(cell).initial_draw(config.num_clusters)[1])
+    return summarise_init_draws(config.entrance, draws)
+
+
 def _run(config: HousingExperimentConfig, sweep: Sweep) -> Results:
     data_file, data = resolve_data(config.data_file)
     config = replace(config, data_file=data_file)
     results = run_radius(config, sweep)
-    results.facts.update(data=data, convergence_check=_convergence_check(config))
+    results.facts.update(data=data, convergence_check=_convergence_check(config), init_draws=_init_draws(config))
     results.facts["notes"] = _notes(results, config)
     return results
 
@@ -117,14 +144,23 @@ def _notes(results: Results, config: HousingExperimentConfig) -> str:
     starts, single = len(greedy), int((greedy["round0_clusters_used"] == 1).sum())
     collapsed = int(greedy["collapsed"].sum())
     from_both = int((greedy["collapsed"] & (greedy["round0_clusters_used"] == config.num_clusters)).sum())
+    if config.entrance == "collapsed":
+        draws = results.init_draws
+        return (
+            f"Round-zero entrance (collapsed by construction): every start is the first init draw whose "
+            f"controller-free greedy choices at round 0 (training losses at W^0) put every client on the same "
+            f"model (K^0 = 1); it took {draws['total']} draws for {starts} starts (mean {draws['mean']}, at most "
+            f"{draws['max']} per cell; per R in config.json init_draws). {single} of {starts} starts are fully "
+            f"collapsed. Greedy ends with K_eval < 2 in {collapsed} of {starts} runs (it escapes a collapsed start "
+            f"only if training the shared model makes the unused one some client's best).")
     return (
-        f"Round-zero entrance (task unchanged): {single} of {starts} starts are fully collapsed at round 0 (every "
-        f"client's controller-free greedy choice on training losses at W^0 is the same model, K^0 = 1); in the "
-        f"others both models receive clients, because the jitter (0.05 Delta_beta) around u_bar(R) decides the "
-        f"round-zero routes. The task's author measured 20-30 %. Greedy ends with K_eval < 2 in {collapsed} of "
-        f"{starts} runs, {from_both} of them from starts that used both models at round 0: on this task collapse "
-        f"mostly develops during training (one model wins both regimes) rather than being inherited from the "
-        f"entrance. We did not tune the jitter, the radii or the seeds to force collapsed entrances.")
+        f"Round-zero entrance (the task's start as it falls, entrance = 'any'): {single} of {starts} starts are "
+        f"fully collapsed at round 0 (every client's controller-free greedy choice on training losses at W^0 is "
+        f"the same model, K^0 = 1); in the others both models receive clients, because the jitter "
+        f"(0.05 Delta_beta) around u_bar(R) decides the round-zero routes. Greedy ends with K_eval < 2 in "
+        f"{collapsed} of {starts} runs, {from_both} of them from starts that used both models at round 0: "
+        f"collapse that develops during training (one model wins both regimes) rather than being inherited "
+        f"from the entrance. entrance = 'collapsed' (the default) conditions every start on K^0 = 1.")
 
 
 def _sign_test(wins: int, losses: int) -> float:
@@ -183,7 +219,9 @@ def housing_claims(results: Results, config: HousingExperimentConfig) -> list[di
         "The collapse-and-recovery experiments start from a collapsed entrance (Section 4: a collapsed entrance "
         "sends several groups to the same cluster and leaves another unused).",
         {"starts": int(len(greedy)), "fully_collapsed_starts": int(entrance.sum()), "share": number(entrance.mean()),
-         "by_R": results.round_zero, "notes": notes}, entrance.all()))
+         "by_R": results.round_zero,
+         "init_draws": {key: results.init_draws[key] for key in ("entrance", "summary_by_R", "total", "max")},
+         "notes": notes}, entrance.all()))
     check = results.convergence_check
     claims.append(claim(
         f"T = {config.rounds} keeps under-training small: from u_bar(R = {largest:g}) one model trained alone on its "
@@ -202,4 +240,7 @@ EXPERIMENT = register(Experiment(
                          lambda all_used: all_used, r"round 0: $\Pr(K^0 = 2)$ (all methods)", "EXP3 {gr, com, rev}"),
     show=lambda results: radius_table(results, ["pr_all_usable", "mean_assignment_accuracy", "mean_routed_test_loss"],
                                       {"round0_single_cluster": "round0_pr_single_cluster"}),
+    variants={"any-entrance": Variant("the task's starts as they fall, K^0 = 2 in most (the first E6)",
+                                      lambda config: replace(config, entrance="any",
+                                                             name=f"{config.name}-any-entrance"))},
 ))
