@@ -230,7 +230,8 @@ def agent_step(
         What the server reported after the previous round, one row per client
         (:mod:`fedroute.core.health`): whether exploration is on, and the duplicate
         clusters merged into a twin (skipped by the Greedy choice).  ``None`` before
-        any report: no exploration under ``explore_on = "collapse"``, no merges.
+        any report: under ``explore_on = "collapse"`` the start explores (nothing is known
+        yet), no merges.
 
     Returns
     -------
@@ -249,7 +250,7 @@ def agent_step(
         greedy_choice = ctl.consolidating_greedy_routes(losses, view.merged_into >= 0, tie_uniforms,
                                                         settings.consolidation_loss_ratio)
     if settings.explores_on_evidence:
-        exploring = np.zeros(num_clients, dtype=bool) if view is None else np.asarray(view.explore, dtype=bool)
+        exploring = np.ones(num_clients, dtype=bool) if view is None else np.asarray(view.explore, dtype=bool)
         if not exploring.all():
             return _explore_where(state, settings, losses, previous_masses, round_index, client_ids, seed,
                                   benefit_fn, num_rounds, view, exploring, greedy_choice, preferred)

@@ -9,17 +9,18 @@ presets explore always).  After every round the server reads the federation esti
   too few clients find it their best model to train it.  A cluster unwanted for
   ``collapse_patience`` rounds in a row is a *collapse sign* (Greedy successes settle
   within a few rounds; a collapse stays);
-* **spare** — a cluster that stayed unwanted through ``spare_patience`` rounds of
+* **spare** — a cluster that stayed a collapse sign through ``spare_patience`` rounds of
   exploration on its account, or a duplicate whose clients were consolidated onto its
   twin: nobody needs it, so it no longer triggers exploration (its users, if any, keep
-  using it).  A spare that becomes wanted again is no longer spare, and every spare is
-  reconsidered when clients join the federation (new evidence);
+  using it).  A cluster wanted for ``collapse_patience`` rounds in a row is no longer
+  spare and gets its budget back; every spare is reconsidered when clients join the
+  federation (new evidence);
 * **duplicates** (``consolidate_duplicates``) — two clusters that serve the same clients:
   each one's clients find the other within ``ρ`` of their own model's loss (the median
   ratio, each side), and no third cluster is within ``ρ`` for them.  The smaller one is
   merged into the larger — clients skip it in their Greedy choice (unless, for that client,
   the twin is more than ``ρ`` × its best loss) — at once when it is spare already, else once
-  the pair has been duplicates for ``spare_patience`` rounds in a row (it is then spare).
+  the pair has been duplicates for ``duplicate_patience`` rounds in a row (it is then spare).
   The wait is the evidence: a
   cluster that a group has just recovered from a shared model starts as a near copy of it
   and looks like a duplicate until the two models have trained apart (merging it at once
@@ -27,7 +28,10 @@ presets explore always).  After every round the server reads the federation esti
   duplicates.  A real small group is never merged: the majority's clients find the small
   group's model far worse than their own.
 
-Exploration is on in a run while some cluster is a collapse sign and not spare.  Nothing
+Exploration is on at the start of a run, until the federation has been calm (no cluster that
+is not spare unwanted) for ``collapse_patience`` rounds in a row — the start is when clusters
+are still fluid and exploring costs least — and afterwards while some cluster is a collapse
+sign and not spare.  Nothing
 here depends on which clients were sampled in a round: it reads the estimate.  One
 implementation serves both runtimes (the strategy with one run, the simulator with ``R``).
 """
@@ -51,10 +55,11 @@ class ClusterHealth:
 
     Attributes
     ----------
-    unwanted_rounds : ndarray of int, shape (R, K)
-        Consecutive rounds the cluster has been unwanted.
+    unwanted_rounds, wanted_rounds : ndarray of int, shape (R, K)
+        Consecutive rounds the cluster has been unwanted / wanted.
     exploring_rounds : ndarray of int, shape (R, K)
-        Rounds of exploration the cluster has triggered since it was last wanted.
+        Rounds of exploration the cluster has triggered since it was last wanted for
+        ``collapse_patience`` rounds in a row.
     spare : ndarray of bool, shape (R, K)
     known_clients : ndarray of int, shape (R,)
         Clients known when the spares were last reconsidered.
@@ -62,21 +67,29 @@ class ClusterHealth:
         The cluster's duplicate twin this round (``-1``: none).
     twin_rounds : ndarray of int, shape (R, K)
         Consecutive rounds it has had that twin.
+    calm_rounds : ndarray of int, shape (R,)
+        Consecutive rounds in which no cluster that is not spare was unwanted.
+    settled : ndarray of bool, shape (R,)
+        The run has been calm for ``collapse_patience`` rounds in a row once: its start is over.
     """
 
     unwanted_rounds: NDArray[np.int64]
+    wanted_rounds: NDArray[np.int64]
     exploring_rounds: NDArray[np.int64]
     spare: NDArray[np.bool_]
     known_clients: NDArray[np.int64]
     twin: NDArray[np.int64]
     twin_rounds: NDArray[np.int64]
+    calm_rounds: NDArray[np.int64]
+    settled: NDArray[np.bool_]
 
     @classmethod
     def initial(cls, num_runs: int, num_clusters: int) -> "ClusterHealth":
         zeros = np.zeros((num_runs, num_clusters), dtype=np.int64)
-        return cls(unwanted_rounds=zeros, exploring_rounds=zeros.copy(),
+        return cls(unwanted_rounds=zeros, wanted_rounds=zeros.copy(), exploring_rounds=zeros.copy(),
                    spare=np.zeros((num_runs, num_clusters), dtype=bool), known_clients=np.zeros(num_runs, np.int64),
-                   twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy())
+                   twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy(),
+                   calm_rounds=np.zeros(num_runs, np.int64), settled=np.zeros(num_runs, dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -191,15 +204,21 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     unwanted = (preferred_masses <= threshold) if settings.mass_threshold_inclusive else (preferred_masses < threshold)
     joined = (known_clients > health.known_clients)[:, None]
     twin_rounds = np.where((twins >= 0) & (twins == health.twin), health.twin_rounds + 1, (twins >= 0).astype(int))
-    merged = (twins >= 0) & (health.spare | (twin_rounds >= settings.spare_patience))
+    merged = (twins >= 0) & (health.spare | (twin_rounds >= settings.duplicate_patience))
     streak = np.where(unwanted, health.unwanted_rounds + 1, 0)
+    wanted = np.where(unwanted, 0, health.wanted_rounds + 1)
     sign = streak >= settings.collapse_patience
-    still_spare = health.spare & unwanted & ~joined                      # wanted again, or clients joined: not spare
-    budget = np.where(unwanted & ~joined, health.exploring_rounds + (sign & ~still_spare & ~merged), 0)
-    spare = still_spare | merged | (sign & (budget >= settings.spare_patience))
-    updated = ClusterHealth(unwanted_rounds=streak, exploring_rounds=budget, spare=spare,
+    recovered = wanted >= settings.collapse_patience                     # wanted long enough: budget refilled
+    still_spare = health.spare & ~recovered & ~joined                     # or clients joined: reconsidered
+    explored = routing_view(health, settings).explore[:, None]           # this round ran exploration
+    budget = np.where(recovered | joined, 0,
+                      health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
+    spare = still_spare | merged | (unwanted & (budget >= settings.spare_patience))
+    calm = np.where((unwanted & ~spare).any(axis=1), 0, health.calm_rounds + 1)
+    updated = ClusterHealth(unwanted_rounds=streak, wanted_rounds=wanted, exploring_rounds=budget, spare=spare,
                             known_clients=np.maximum(known_clients, health.known_clients), twin=twins,
-                            twin_rounds=twin_rounds)
+                            twin_rounds=twin_rounds, calm_rounds=calm,
+                            settled=health.settled | (calm >= settings.collapse_patience))
     if reporting is not None and np.any(silent := np.asarray(reporting) == 0):
         updated = ClusterHealth(**{name: np.where(silent.reshape((-1,) + (1,) * (value.ndim - 1)),
                                                   getattr(health, name), value)
@@ -211,6 +230,6 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
 def routing_view(health: ClusterHealth, settings: RoutingSettings) -> RoutingView:
     """What the clients receive from a health state: exploration on or off, the merged duplicates, the spares."""
     sign = health.unwanted_rounds >= settings.collapse_patience
-    merged = (health.twin >= 0) & (health.spare | (health.twin_rounds >= settings.spare_patience))
-    return RoutingView(explore=(sign & ~health.spare).any(axis=1), merged_into=np.where(merged, health.twin, -1),
-                       spare=health.spare)
+    merged = (health.twin >= 0) & (health.spare | (health.twin_rounds >= settings.duplicate_patience))
+    explore = ~health.settled | (sign & ~health.spare).any(axis=1)
+    return RoutingView(explore=explore, merged_into=np.where(merged, health.twin, -1), spare=health.spare)

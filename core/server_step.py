@@ -110,9 +110,10 @@ class ServerState:
 
 _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64, "route": np.int64,
            "preferred": np.int64, "num_examples": np.float64, "losses": np.float64, "masses": np.float64,
-           "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64,
+           "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64, "wanted_rounds": np.int64,
            "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
-           "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64}
+           "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
+           "settled": bool}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 

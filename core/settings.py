@@ -103,6 +103,9 @@ class RoutingSettings:
         Merge a cluster into its twin when both serve the same clients (each side's
         clients find the other within ``consolidation_loss_ratio``, no third cluster
         does): the clients skip the smaller one in their Greedy choice.
+    duplicate_patience : int
+        Rounds (≥ 1) two clusters must stay duplicates before they are merged (at once
+        when the smaller one is spare).
     """
 
     num_clusters: int = 2
@@ -130,11 +133,12 @@ class RoutingSettings:
     collapse_patience: int = 10
     spare_patience: int = 100
     consolidate_duplicates: bool = False
+    duplicate_patience: int = 100
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
         for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds",
-                     "entry_max_candidates", "collapse_patience", "spare_patience"):
+                     "entry_max_candidates", "collapse_patience", "spare_patience", "duplicate_patience"):
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
@@ -176,6 +180,7 @@ class RoutingSettings:
         _check(self.explore_on in EXPLORE_ON, "explore_on", self.explore_on, f"one of {EXPLORE_ON}")
         _check(self.collapse_patience >= 1, "collapse_patience", self.collapse_patience, "an integer ≥ 1")
         _check(self.spare_patience >= 1, "spare_patience", self.spare_patience, "an integer ≥ 1")
+        _check(self.duplicate_patience >= 1, "duplicate_patience", self.duplicate_patience, "an integer ≥ 1")
         _check(self.hysteresis_min_rounds >= 1, "hysteresis_min_rounds",
                self.hysteresis_min_rounds, "an integer ≥ 1")
         _check(self.hysteresis_exit_gap >= 0, "hysteresis_exit_gap", self.hysteresis_exit_gap, "≥ 0")
