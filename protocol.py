@@ -9,7 +9,9 @@ cluster model under :func:`cluster_key` and one ``ConfigRecord`` under
 Flower's ``server-round`` counts from 1; the paper's round is
 ``t = server-round - 1`` and travels as :data:`ROUND_INDEX`.  The provisional
 Greedy report of synchronized entry is a ``QUERY`` exchange before server
-round 1; server round 1 (``t = 0``) carries the provisional masses.
+round 1; server round 1 (``t = 0``) carries the provisional masses.  Before
+either, fedroute's ServerApp may ask the nodes for their node config (a
+``QUERY`` of phase :data:`PHASE_NODE_CONFIG`, :mod:`fedroute.server.federation`).
 
 This module imports no Flower: it only names things and converts arrays.
 """
@@ -44,11 +46,17 @@ ALGORITHM = "algorithm"
 ALGORITHM_ROUTING = "routing"
 ALGORITHM_FEDCAM = "fedcam"
 ROUTING_PREFIX = "routing."
+TASK_NUM_CLIENTS = "task.num-clients"
+"""The number of clients the ServerApp chose (run-config ``num-clients``, or the federation's size when it is
+``"auto"``): the ClientApp builds its data with it, so that every node and the server agree."""
 
 # Phases.
 PHASE_TRAIN = "train"
 PHASE_PROVISIONAL = "provisional"
 PHASE_EVALUATE = "evaluate"
+PHASE_NODE_CONFIG = "node-config"
+"""A ``QUERY`` before anything else: each node reports its ``partition-id`` and ``num-partitions``
+(:mod:`fedroute.server.federation`); :data:`UNKNOWN` where its node config has none."""
 
 # Metric keys (client → server).
 CLUSTER = "cluster"
@@ -66,6 +74,9 @@ EXP3_LOG_WEIGHTS = "exp3-log-weights"
 TRAIN_LOSSES = "train-losses"
 TEST_LOSSES = "test-losses"
 GROUP = "group"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+UNKNOWN = -1
 
 # Context.state key prefix of a client's controller state.
 STATE_PREFIX = "fedroute-state:"

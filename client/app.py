@@ -7,7 +7,12 @@ one ArrayRecord (the trained model) and one MetricRecord.  ``QUERY``
 report every model's loss on the train and held-out split.
 
 The client's data come from ``node_config["partition-id"]`` and the run config
-(task settings); its controller state lives in ``Context.state``.
+(task settings) with the number of clients the ServerApp chose
+(:data:`~fedroute.protocol.TASK_NUM_CLIENTS` in every message) and, where the
+node config names one, the node's own ``data-file``; its controller state lives
+in ``Context.state``.  A ``QUERY`` of phase
+:data:`~fedroute.protocol.PHASE_NODE_CONFIG` is answered with the node's
+``partition-id`` and ``num-partitions`` (:mod:`fedroute.server.federation`).
 """
 
 from __future__ import annotations
@@ -31,13 +36,38 @@ __all__ = ["app"]
 app = ClientApp()
 
 
-def _client(context: Context) -> ClientBatch:
+NODE_DATA_FILE = "data-file"
+"""Node-config key: this node's local copy of the task's data (overrides run-config ``data-file``)."""
+
+
+def task_config(context: Context, config: dict[str, Any]) -> dict[str, Any]:
+    """The task settings of this node: the run config, the server's number of clients, the node's data file."""
+    settings = dict(context.run_config)
+    if protocol.TASK_NUM_CLIENTS in config:
+        settings["num-clients"] = int(config[protocol.TASK_NUM_CLIENTS])
+    if context.node_config.get(NODE_DATA_FILE):
+        settings["data-file"] = str(context.node_config[NODE_DATA_FILE])
+    return settings
+
+
+def node_config_report(node_config: Any) -> dict[str, int]:
+    """The answer to the node-config query: ``partition-id`` and ``num-partitions``
+    (:data:`~fedroute.protocol.UNKNOWN` for a key the node config lacks or holds as a non-integer)."""
+
+    def integer(key: str) -> int:
+        value = node_config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else protocol.UNKNOWN
+
+    return {key: integer(key) for key in (protocol.PARTITION_ID, protocol.NUM_PARTITIONS)}
+
+
+def _client(context: Context, config: dict[str, Any]) -> ClientBatch:
     """This node's data (a batch of one client)."""
     if "partition-id" not in context.node_config:
         raise ValueError("node config needs 'partition-id' (and 'num-partitions'); "
                          "pass --node-config 'partition-id=<i> num-partitions=<n>'")
     partition_id = int(context.node_config["partition-id"])
-    return task_from_config(context.run_config).clients(np.array([partition_id]))
+    return task_from_config(task_config(context, config)).clients(np.array([partition_id]))
 
 
 def _cluster_models(message: Message, num_clusters: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -61,7 +91,7 @@ def _received(
     config = dict(message.content[protocol.CONFIG].items())
     settings = _settings(config)
     models, template = _cluster_models(message, settings.num_clusters)
-    return config, settings, models, template, _client(context)
+    return config, settings, models, template, _client(context, config)
 
 
 @app.train()
@@ -87,7 +117,9 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
 
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
-    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained)."""
+    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained); or the node-config query."""
+    if message.content[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_NODE_CONFIG:
+        return reply(message, node_config_report(context.node_config))
     config, settings, models, _, clients = _received(message, context)
     return reply(message, {
         protocol.CLUSTER: int(provisional_greedy_routes(clients, models, settings, int(config[protocol.SEED]))[0]),

@@ -25,11 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment",
-           "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP"]
+__all__ = ["FlowerRun", "run_flower_app", "flwr_run_command", "load_run_config_file", "format_run_config", "parse_config_value", "quiet_environment",
+           "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP",
+           "FEDROUTE_SERVERAPPS"]
 
 FEDROUTE_SERVERAPP = "fedroute.server.app:app"
-"""The ServerApp component whose run config :func:`resolve_run_config` validates in full."""
+"""fedroute's ServerApp as an installed package's component (plugin apps, tests)."""
+FEDROUTE_SERVERAPPS = (FEDROUTE_SERVERAPP, "fedroute_app:serverapp")
+"""The ServerApp components whose run config :func:`resolve_run_config` validates in full (the second is
+this repository's own, run from the app's files: ``fedroute_app.py``)."""
 
 # Lines of `flwr run` that carry no information for a fedroute user (each hermetic run makes a fresh
 # FLWR_HOME and installs the app into it; Flower 1.42 warns about its default federation size even when
@@ -159,7 +163,7 @@ def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> di
                          f"allowed keys: {', '.join(sorted(defaults))}")
     overrides = parse_config_args([format_run_config(run_config)]) if run_config else {}
     resolved = fuse_dicts(defaults, overrides)
-    if app.get("components", {}).get("serverapp") == FEDROUTE_SERVERAPP:
+    if app.get("components", {}).get("serverapp") in FEDROUTE_SERVERAPPS:
         from fedroute.server.run_config import parse_run_config
 
         parse_run_config(resolved)
@@ -258,15 +262,50 @@ def _run_status(flwr: str, run_id: int, environment: dict[str, str]) -> str:
         return "unknown"
 
 
+def load_run_config_file(path: str | Path) -> dict[str, Any]:
+    """The overrides of a run-config file (``conf/<experiment>.toml``), read as ``flwr run --run-config FILE`` does.
+
+    Raises
+    ------
+    ValueError
+        For a path that is not an existing ``.toml`` file, or TOML that does not parse (naming the file).
+    """
+    from flwr.common.config import parse_config_args
+
+    path = Path(path)
+    if path.suffix != ".toml" or not path.is_file():
+        raise ValueError(f"run-config file {str(path)!r} is not an existing .toml file")
+    try:
+        return parse_config_args([str(path)])
+    except Exception as error:  # tomli.TOMLDecodeError, UnicodeDecodeError
+        raise ValueError(f"run-config file {str(path)!r} does not parse: {error}") from None
+
+
+def flwr_run_command(flwr: str, app_dir: str | Path, run_config: Mapping[str, Any], num_supernodes: Optional[int],
+                     cpus_per_client: float = 1.0, run_config_file: Optional[Path] = None) -> list[str]:
+    """``flwr run APP --stream`` with the federation size (none: Flower's default federation) and the run config
+    (a file, or key=value overrides)."""
+    command = [flwr, "run", str(app_dir), "--stream"]
+    if num_supernodes is not None:
+        command += ["--federation-config",
+                    f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+    if run_config_file is not None:
+        command += ["--run-config", str(run_config_file)]
+    elif run_config:
+        command += ["--run-config", format_run_config(run_config)]
+    return command
+
+
 def run_flower_app(
     app_dir: str | Path,
     run_config: Mapping[str, Any],
-    num_supernodes: int,
+    num_supernodes: Optional[int],
     timeout: float = 1800.0,
     flwr_home: Optional[Path] = None,
     stream: bool = False,
     cpus_per_client: float = 1.0,
     ray_address: Optional[str] = None,
+    run_config_file: Optional[str | Path] = None,
 ) -> FlowerRun:
     """``flwr run <app_dir> --stream`` in a local Ray simulation, then clean up.
 
@@ -276,8 +315,12 @@ def run_flower_app(
         The Flower app (a directory with ``pyproject.toml``).
     run_config : mapping
         Run-config overrides (keys must exist in ``[tool.flwr.app.config]``).
-    num_supernodes : int
-        Simulated SuperNodes (one client each).
+    num_supernodes : int or None
+        Simulated SuperNodes (one client each); ``None``: Flower's default federation (2 SuperNodes,
+        2 CPUs each), as plain ``flwr run .`` has it.
+    run_config_file : path, optional
+        Pass this file as ``--run-config FILE`` (``conf/<experiment>.toml``) instead of ``run_config``,
+        which must then be empty (``flwr run`` takes one or the other).
     timeout : float
         Seconds before the run is stopped.
     flwr_home : Path, optional
@@ -302,15 +345,16 @@ def run_flower_app(
     ValueError
         If the run config is invalid (:func:`resolve_run_config`): nothing is started.
     """
-    resolve_run_config(app_dir, run_config)
+    if run_config_file is not None and run_config:
+        raise ValueError("flwr run takes a run-config file or key=value overrides, not both; merge them "
+                         "(`fedroute flower --run-config FILE KEY=VALUE` does)")
+    file = Path(run_config_file).resolve() if run_config_file is not None else None
+    resolve_run_config(app_dir, load_run_config_file(file) if file is not None else run_config)
     home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="fedroute-flwr-home-"))
     home.mkdir(parents=True, exist_ok=True)
     environment = quiet_environment(home, ray_address)
-    flwr = _flwr_executable()
-    command = [flwr, "run", str(app_dir), "--stream",
-               "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
-    if run_config:
-        command += ["--run-config", format_run_config(run_config)]
+    command = flwr_run_command(_flwr_executable(), app_dir, run_config, num_supernodes, cpus_per_client, file)
+    flwr = command[0]
     started = time.monotonic()
     lines: list[str] = []
     run_id: Optional[int] = None

@@ -44,14 +44,18 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _run_config_items(items: list[str]) -> dict:
-    """``KEY=VALUE`` items → run-config values (``ValueError`` for an item without ``=``)."""
-    from fedroute.server.launcher import parse_config_value
+    """``KEY=VALUE`` items and run-config files (``conf/<experiment>.toml``) → run-config values, later items
+    overriding earlier ones (``ValueError`` for an item that is neither)."""
+    from fedroute.server.launcher import load_run_config_file, parse_config_value
 
     values = {}
     for item in items:
+        if "=" not in item and item.endswith(".toml"):
+            values.update(load_run_config_file(item))
+            continue
         key, separator, value = item.partition("=")
         if not separator or not key:
-            raise ValueError(f"--run-config item {item!r} is not KEY=VALUE")
+            raise ValueError(f"--run-config item {item!r} is not KEY=VALUE or a .toml file")
         values[key] = parse_config_value(value)
     return values
 

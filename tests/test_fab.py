@@ -1,0 +1,133 @@
+"""The FAB carries the app: built from the repository, it holds the package's code and runs where fedroute
+is not installed.
+
+* ``flwr build``: what the FAB holds (the package, README.md and LICENSE; no docs, benchmarks, tests, CI,
+  compose files, experiment configs or examples).
+* ``fedroute_app``: imported from a copy of the app's files, ``fedroute`` is that copy, even where another
+  fedroute is installed and was imported first; a module the copy lacks does not come from the installed one.
+* Real processes: a SuperLink and SuperNodes started from an environment where ``import fedroute`` fails
+  (flwr, numpy, pandas … visible; fedroute not) run the FAB to completion, with ``num-clients = "auto"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fedroute.server.deploy import LocalFederation
+
+FLOWER_SCRIPTS = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp",
+                  "flwr-clientapp", "flwr-simulation")
+
+
+def _built_fab(repository: Path, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    flwr = Path(sys.executable).parent / "flwr"
+    completed = subprocess.run([str(flwr), "build", "--app", str(repository)], cwd=directory, capture_output=True,
+                               text=True, timeout=120, env={**os.environ, "FLWR_HOME": str(directory / "home")})
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    (fab,) = directory.glob("*.fab")
+    return fab
+
+
+@pytest.fixture(scope="module")
+def fab(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _built_fab(repository, tmp_path_factory.mktemp("fab"))
+
+
+def test_the_fab_holds_the_package_and_nothing_else(fab: Path, repository: Path) -> None:
+    names = zipfile.ZipFile(fab).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {".info", "pyproject.toml", "README.md", "LICENSE", "__init__.py", "atomic_files.py",
+                    "protocol.py", "fedroute_app.py", "core", "client", "strategies", "server", "simulation",
+                    "tasks", "monitoring"}, tops
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=repository, capture_output=True, text=True).stdout
+    package = {name for name in tracked.split() if name.split("/")[0] in tops and "/test_" not in name}
+    assert package <= set(names), sorted(package - set(names))  # every module of the package is in it
+    assert fab.stat().st_size < 2_000_000, fab.stat().st_size
+    print(f"FAB {fab.name}: {fab.stat().st_size} bytes, {len(names)} files")
+
+
+def test_the_apps_files_are_fedroute_even_next_to_an_installed_one(repository: Path, tmp_path: Path) -> None:
+    """The installed (editable) fedroute is imported first; ``fedroute_app`` of a copy replaces it."""
+    copy = tmp_path / "extracted-fab"
+    shutil.copytree(repository, copy, ignore=shutil.ignore_patterns(".git", "tests", "docs", "bench", "results",
+                                                                      "__pycache__", "*.egg-info", ".venv*"))
+    (copy / "monitoring" / "tensorboard.py").unlink()  # a module only the installed copy has
+    probe = f"""
+import importlib, sys
+import fedroute, fedroute.protocol
+assert fedroute.__file__.startswith({str(repository)!r}), fedroute.__file__
+sys.path.insert(0, {str(copy)!r})
+import fedroute_app
+server = fedroute_app.serverapp
+import fedroute.server.app as module
+assert module.__file__.startswith({str(copy)!r}), module.__file__
+assert sys.modules["fedroute"].__file__.startswith({str(copy)!r})
+assert type(server).__name__ == "ServerApp" and fedroute_app.clientapp is not None
+try:
+    importlib.import_module("fedroute.monitoring.tensorboard")
+except ModuleNotFoundError as error:
+    assert "in the Flower app at" in str(error), error
+else:
+    raise AssertionError("fell back to the installed fedroute")
+print("ok")
+"""
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                               timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "ok"
+
+
+def environment_without_fedroute(directory: Path) -> Path:
+    """A virtualenv that sees this interpreter's packages (flwr, numpy, pandas …) but not fedroute.
+
+    Its ``site-packages`` holds one ``.pth`` line naming this environment's ``site-packages``: that directory
+    joins ``sys.path``, but its own ``.pth`` files (the editable install's finder) are not processed.  Flower's
+    scripts are copied with this environment's interpreter.  Returns its ``bin/``.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=120)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (directory / "lib" / version / "site-packages" / "shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    bin_dir = directory / "bin"
+    for name in FLOWER_SCRIPTS:
+        source = (Path(sys.executable).parent / name).read_text().splitlines(keepends=True)
+        script = bin_dir / name
+        script.write_text(f"#!{bin_dir / 'python'}\n" + "".join(source[1:]))
+        script.chmod(0o755)
+    return bin_dir
+
+
+def test_supernodes_without_fedroute_run_the_fab(repository: Path, tmp_path: Path, fab: Path) -> None:
+    bin_dir = environment_without_fedroute(tmp_path / "no-fedroute")
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    check = subprocess.run([str(bin_dir / "python"), "-c", "import flwr, numpy, pandas\nimport fedroute"],
+                           capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=60)
+    assert "No module named 'fedroute'" in check.stderr, check.stderr  # flwr, numpy, pandas imported first
+    results = tmp_path / "results"
+    with LocalFederation(repository, num_supernodes=2, environment_bin=bin_dir,
+                         flwr_home=tmp_path / "home") as federation:
+        run = federation.run({"method": "greedy", "num-clients": "auto", "num-server-rounds": 2,
+                              "results-dir": str(results)}, timeout=600)
+        listing = federation._flwr_command("ls", "--run-id", str(run.run_id), "--format", "json")
+    assert run.completed, f"{run.status}\n{run.stdout[-4000:]}"
+    (directory,) = results.iterdir()
+    config = json.loads((directory / "config.json").read_text())
+    assert config["app_files"].startswith(str(tmp_path / "home" / "apps")), config["app_files"]  # the FAB's
+    assert config["python"] == str(bin_dir / "python")  # the ServerApp ran in the environment without fedroute
+    for log in ("superlink", "supernode-0", "supernode-1"):
+        assert f"$ {bin_dir}/flower-" in (tmp_path / "home" / "logs" / f"{log}.log").read_text(), log
+    assert config["federation"] == {"num_clients": 2, "num_nodes": 2, "source": "num-partitions"}
+    assert len(pd.read_csv(directory / "rounds.csv")) == 2
+    (listed,) = json.loads(listing.stdout)["runs"]
+    assert listed["fab-hash"] == hashlib.sha256(fab.read_bytes()).hexdigest()  # the FAB `flwr build` makes
