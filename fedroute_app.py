@@ -20,6 +20,14 @@ nothing.
 
 The two attributes import lazily: a ClientApp process (one per message in a
 deployment) never imports the server's modules, nor the server the client's.
+
+Flower's Ray simulation loads the ClientApp once in the simulation process and
+sends the object to its Ray workers by pickle, where its functions would be
+imported by module name (``fedroute.client.app``) from the workers' own path:
+an installed fedroute, or the working directory of the SuperLink (the folder of
+whichever ``flwr run`` started it), never the FAB.  The component therefore
+pickles as "load me from these app files" (:func:`component`), so the workers
+run the FAB's code too.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional, Sequence
 
-__all__ = ["serverapp", "clientapp", "PACKAGE", "register_package"]
+__all__ = ["serverapp", "clientapp", "PACKAGE", "component", "register_package"]
 
 PACKAGE = "fedroute"
 ROOT = Path(__file__).resolve().parent
@@ -86,9 +94,31 @@ def register_package(root: Path = ROOT) -> None:
                                         "imported before from %s", root, previous)
 
 
+def _reduce_from_app_files(app: Any) -> tuple[Any, tuple[Any, ...]]:
+    """Pickle a component as a call that loads it from its app files (by path, whatever the unpickler's
+    ``sys.path``): ``runpy`` runs that directory's ``fedroute_app.py``, which registers the directory as
+    ``fedroute``, and takes the component from it.  Only builtins are pickled by reference."""
+    source = str(Path(app.fedroute_app_files) / "fedroute_app.py")
+    expression = (f"__import__('runpy').run_path({source!r}, run_name='fedroute_app')"
+                  f"['component']({app.fedroute_component!r})")
+    return eval, (expression, {})
+
+
+def component(name: str) -> Any:
+    """``serverapp`` or ``clientapp`` of these app files, pickled as a reference to them (see the module doc)."""
+    if name not in _COMPONENTS:
+        raise AttributeError(f"module 'fedroute_app' has no attribute {name!r}")
+    app = importlib.import_module(_COMPONENTS[name]).app
+    if getattr(type(app), "fedroute_app_files", None) != str(ROOT):
+        app.__class__ = type(type(app).__name__, (type(app),), {
+            "fedroute_app_files": str(ROOT), "fedroute_component": name, "__reduce__": _reduce_from_app_files,
+            "__module__": type(app).__module__, "__qualname__": type(app).__qualname__})
+    return app
+
+
 def __getattr__(name: str) -> Any:
     if name in _COMPONENTS:
-        return importlib.import_module(_COMPONENTS[name]).app
+        return component(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

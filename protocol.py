@@ -77,6 +77,10 @@ GROUP = "group"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 UNKNOWN = -1
+APP_FILES = "app-files"
+APP_FINGERPRINT = "app-fingerprint"
+"""The node-config reply's ConfigRecord (under :data:`CONFIG`): where the ClientApp's fedroute comes from and
+a fingerprint of its code (:mod:`fedroute.app_identity`)."""
 
 # Context.state key prefix of a client's controller state.
 STATE_PREFIX = "fedroute-state:"

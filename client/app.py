@@ -20,10 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedroute import protocol
+from fedroute.app_identity import app_files, app_fingerprint
 from fedroute.client.handlers import evaluation_losses, fedcam_reply, reply, routing_reply
 from fedroute.core.client_step import provisional_greedy_routes
 from fedroute.core.settings import RoutingSettings
@@ -50,15 +51,20 @@ def task_config(context: Context, config: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
-def node_config_report(node_config: Any) -> dict[str, int]:
+def node_config_report(message: Message, node_config: Any) -> Message:
     """The answer to the node-config query: ``partition-id`` and ``num-partitions``
-    (:data:`~fedroute.protocol.UNKNOWN` for a key the node config lacks or holds as a non-integer)."""
+    (:data:`~fedroute.protocol.UNKNOWN` for a key the node config lacks or holds as a non-integer), and which
+    fedroute files this ClientApp runs (:mod:`fedroute.app_identity`)."""
 
     def integer(key: str) -> int:
         value = node_config.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else protocol.UNKNOWN
 
-    return {key: integer(key) for key in (protocol.PARTITION_ID, protocol.NUM_PARTITIONS)}
+    content = RecordDict({
+        protocol.METRICS: MetricRecord({key: integer(key) for key in (protocol.PARTITION_ID, protocol.NUM_PARTITIONS)}),
+        protocol.CONFIG: ConfigRecord({protocol.APP_FILES: str(app_files()), protocol.APP_FINGERPRINT: app_fingerprint()}),
+    })
+    return Message(content=content, reply_to=message)
 
 
 def _client(context: Context, config: dict[str, Any]) -> ClientBatch:
@@ -119,7 +125,7 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
 def provisional(message: Message, context: Context) -> Message:
     """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained); or the node-config query."""
     if message.content[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_NODE_CONFIG:
-        return reply(message, node_config_report(context.node_config))
+        return node_config_report(message, context.node_config)
     config, settings, models, _, clients = _received(message, context)
     return reply(message, {
         protocol.CLUSTER: int(provisional_greedy_routes(clients, models, settings, int(config[protocol.SEED]))[0]),

@@ -223,7 +223,7 @@ class LocalFederation:
         self._killed: set[int] = set()
         self._copiers: list[threading.Thread] = []
         self.environment_bin = Path(environment_bin).resolve() if environment_bin is not None else None
-        self._flwr = self._script("flwr") if self.environment_bin is not None else _flwr_executable()
+        self._flwr = _flwr_executable(self.environment_bin)
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self) -> "LocalFederation":
@@ -241,11 +241,7 @@ class LocalFederation:
         """Start the SuperLink, write the connection, start the SuperNodes."""
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.environment = quiet_environment(self.flwr_home)
-        if self.environment_bin is not None:  # its executables first, and nothing borrowed from this interpreter's
-            self.environment["PATH"] = os.pathsep.join([str(self.environment_bin), self.environment["PATH"]])
-            self.environment.pop("PYTHONPATH", None)
-            self.environment["VIRTUAL_ENV"] = str(self.environment_bin.parent)
+        self.environment = quiet_environment(self.flwr_home, environment_bin=self.environment_bin)
         self.environment["FLWR_LOG_LEVEL"] = self.log_level
         if self.superexec_poll_interval is not None:
             self.environment["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{self.superexec_poll_interval:g}"

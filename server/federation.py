@@ -31,8 +31,10 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedroute import protocol
+from fedroute.app_identity import app_files, app_fingerprint
 
-__all__ = ["Federation", "FederationError", "NodeReport", "discover_federation", "federation_size",
+__all__ = ["Federation", "FederationError", "NodeReport", "check_app_identity", "discover_federation",
+           "federation_size",
            "starting_hint"]
 
 logger = logging.getLogger("fedroute")
@@ -49,6 +51,10 @@ class NodeReport:
     node_id: int
     partition_id: Optional[int]
     num_partitions: Optional[int]
+    app_files: Optional[str] = None
+    """Where the node's ClientApp imports fedroute from (:mod:`fedroute.app_identity`)."""
+    app_fingerprint: Optional[str] = None
+    """The fingerprint of that code; the server's own must match."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,22 @@ def _report(reply: Message, node_id: int) -> NodeReport:
     if not all(isinstance(value, int) and not isinstance(value, bool) for value in values):
         raise FederationError(f"SuperNode {node_id} reported a non-integer partition-id / num-partitions {values}")
     partition_id, num_partitions = (None if value == protocol.UNKNOWN else value for value in values)
-    return NodeReport(node_id, partition_id, num_partitions)
+    identity = reply.content.config_records.get(protocol.CONFIG)
+    files, fingerprint = (None, None) if identity is None else (
+        identity.get(protocol.APP_FILES), identity.get(protocol.APP_FINGERPRINT))
+    return NodeReport(node_id, partition_id, num_partitions, files, fingerprint)
+
+
+def check_app_identity(reports: Iterable[NodeReport], fingerprint: str, files: str) -> None:
+    """Every node runs the server's fedroute code (``FederationError`` naming the first that does not)."""
+    for report in reports:
+        if report.app_fingerprint is not None and report.app_fingerprint != fingerprint:
+            raise FederationError(
+                f"SuperNode {report.node_id}'s ClientApp runs the fedroute files in {report.app_files} (code "
+                f"{report.app_fingerprint}), not this run's app ({files}, code {fingerprint}).  In a local "
+                "simulation this is a SuperLink left running by an earlier `flwr run` in that folder: Flower keeps "
+                "its working directory first on the Ray workers' path.  Stop that SuperLink (docs/plugin.md, "
+                "\"Flower traps\") and run again, or run with `fedroute flower`, which starts its own")
 
 
 def query_node_configs(grid: Grid, node_ids: Iterable[int], timeout: float) -> dict[int, NodeReport]:
@@ -208,6 +229,7 @@ def discover_federation(grid: Grid, explicit: Optional[int], wait_timeout: float
             return Federation(explicit, tuple(online), "num-clients")
         if unknown := [node_id for node_id in online if node_id not in reports]:
             reports.update(query_node_configs(grid, unknown, reply_timeout))
+            check_app_identity((reports[node_id] for node_id in unknown), app_fingerprint(), str(app_files()))
         if online:
             size = federation_size(explicit, [reports[node_id] for node_id in online])
             if len(online) >= size:

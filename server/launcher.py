@@ -72,8 +72,8 @@ class FlowerRun:
         return self.status == "finished:completed"
 
 
-def _flwr_executable() -> str:
-    candidate = Path(sys.executable).parent / "flwr"
+def _flwr_executable(environment_bin: Optional[Path] = None) -> str:
+    candidate = (environment_bin or Path(sys.executable).parent) / "flwr"
     return str(candidate) if candidate.exists() else (shutil.which("flwr") or "flwr")
 
 
@@ -193,8 +193,12 @@ def check_ray_address(address: str, timeout: float = 10.0) -> str:
     return address
 
 
-def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None) -> dict[str, str]:
+def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None,
+                      environment_bin: Optional[Path] = None) -> dict[str, str]:
     """The environment of a hermetic run: own FLWR_HOME and ports, quiet and offline.
+
+    ``environment_bin``: the ``bin/`` of another Python environment whose Flower executables run the
+    processes (first on ``PATH``, no inherited ``PYTHONPATH``); this interpreter's by default.
 
     Without ``ray_address`` the simulation starts a private local Ray (its own
     ``RAY_TMPDIR``; an inherited ``RAY_ADDRESS`` is dropped).  With it, Flower's
@@ -205,7 +209,11 @@ def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None) -> dic
     environment.update(QUIET_ENVIRONMENT)
     environment["FLWR_HOME"] = str(flwr_home)
     # flwr starts `flower-superlink` by name: make this interpreter's scripts findable.
-    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
+    environment["PATH"] = os.pathsep.join([str(environment_bin or Path(sys.executable).parent),
+                                           environment.get("PATH", "")])
+    if environment_bin is not None:
+        environment.pop("PYTHONPATH", None)
+        environment["VIRTUAL_ENV"] = str(Path(environment_bin).parent)
     environment["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
     environment["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
     if ray_address:
@@ -306,6 +314,7 @@ def run_flower_app(
     cpus_per_client: float = 1.0,
     ray_address: Optional[str] = None,
     run_config_file: Optional[str | Path] = None,
+    environment_bin: Optional[str | Path] = None,
 ) -> FlowerRun:
     """``flwr run <app_dir> --stream`` in a local Ray simulation, then clean up.
 
@@ -321,6 +330,9 @@ def run_flower_app(
     run_config_file : path, optional
         Pass this file as ``--run-config FILE`` (``conf/<experiment>.toml``) instead of ``run_config``,
         which must then be empty (``flwr run`` takes one or the other).
+    environment_bin : path, optional
+        Run ``flwr`` and everything it starts from this Python environment's ``bin/``
+        (:func:`quiet_environment`; a test runs the app where ``import fedroute`` fails).
     timeout : float
         Seconds before the run is stopped.
     flwr_home : Path, optional
@@ -352,8 +364,10 @@ def run_flower_app(
     resolve_run_config(app_dir, load_run_config_file(file) if file is not None else run_config)
     home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="fedroute-flwr-home-"))
     home.mkdir(parents=True, exist_ok=True)
-    environment = quiet_environment(home, ray_address)
-    command = flwr_run_command(_flwr_executable(), app_dir, run_config, num_supernodes, cpus_per_client, file)
+    bin_dir = Path(environment_bin).resolve() if environment_bin is not None else None
+    environment = quiet_environment(home, ray_address, bin_dir)
+    command = flwr_run_command(_flwr_executable(bin_dir), app_dir, run_config, num_supernodes, cpus_per_client,
+                               file)
     flwr = command[0]
     started = time.monotonic()
     lines: list[str] = []

@@ -5,8 +5,11 @@ is not installed.
   compose files, experiment configs or examples).
 * ``fedroute_app``: imported from a copy of the app's files, ``fedroute`` is that copy, even where another
   fedroute is installed and was imported first; a module the copy lacks does not come from the installed one.
+* Flower's simulation pickles the ClientApp to its Ray workers: it comes back from the FAB's files, not from
+  the unpickler's path (the SuperLink's working directory, an installed fedroute).
 * Real processes: a SuperLink and SuperNodes started from an environment where ``import fedroute`` fails
-  (flwr, numpy, pandas … visible; fedroute not) run the FAB to completion, with ``num-clients = "auto"``.
+  (flwr, numpy, pandas … visible; fedroute not; ``conftest.no_fedroute_bin``) run the FAB to completion,
+  with ``num-clients = "auto"``.  (``tests/test_conf.py`` runs a simulation from that environment.)
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -25,10 +27,6 @@ import pandas as pd
 import pytest
 
 from fedroute.server.deploy import LocalFederation
-
-FLOWER_SCRIPTS = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp",
-                  "flwr-clientapp", "flwr-simulation")
-
 
 def _built_fab(repository: Path, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
@@ -49,7 +47,7 @@ def test_the_fab_holds_the_package_and_nothing_else(fab: Path, repository: Path)
     names = zipfile.ZipFile(fab).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {".info", "pyproject.toml", "README.md", "LICENSE", "__init__.py", "atomic_files.py",
-                    "protocol.py", "fedroute_app.py", "core", "client", "strategies", "server", "simulation",
+                    "protocol.py", "fedroute_app.py", "app_identity.py", "core", "client", "strategies", "server", "simulation",
                     "tasks", "monitoring"}, tops
     tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=repository, capture_output=True, text=True).stdout
     package = {name for name in tracked.split() if name.split("/")[0] in tops and "/test_" not in name}
@@ -89,31 +87,33 @@ print("ok")
     assert completed.stdout.strip() == "ok"
 
 
-def environment_without_fedroute(directory: Path) -> Path:
-    """A virtualenv that sees this interpreter's packages (flwr, numpy, pandas …) but not fedroute.
+def test_the_clientapp_unpickles_from_its_app_files_not_the_unpicklers_path(repository: Path,
+                                                                            tmp_path: Path) -> None:
+    """Flower's Ray simulation pickles the loaded ClientApp to its workers, whose path starts with the SuperLink's
+    working directory (another checkout, if an earlier `flwr run` there started it) and holds the installed
+    fedroute: the object must come back from the FAB's files."""
+    fab_copy, stale = tmp_path / "extracted-fab", tmp_path / "stale-checkout"
+    for copy in (fab_copy, stale):
+        shutil.copytree(repository, copy, ignore=shutil.ignore_patterns(".git", "tests", "docs", "bench", "results",
+                                                                          "__pycache__", "*.egg-info", ".venv*"))
+    pickled = tmp_path / "clientapp.pickle"
+    dump = (f"import sys; sys.path.insert(0, {str(fab_copy)!r})\n"
+            f"import fedroute_app, ray.cloudpickle as cloudpickle\n"
+            f"app = fedroute_app.clientapp\n"  # Flower caches the loaded object and sends a closure over it
+            f"open({str(pickled)!r}, 'wb').write(cloudpickle.dumps(lambda: app))")
+    load = (f"import sys, pickle; sys.path.insert(0, {str(stale)!r})\n"
+            f"import fedroute_app, fedroute.client.app\n"  # the worker's own view first: stale and installed code
+            f"app = pickle.loads(open({str(pickled)!r}, 'rb').read())()\n"
+            f"print(sys.modules['fedroute.client.app'].__file__, type(app).__mro__[1].__name__)")
+    for code, cwd in ((dump, fab_copy), (load, stale)):
+        completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=120)
+        assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == [str(fab_copy / "client" / "app.py"), "ClientApp"]
 
-    Its ``site-packages`` holds one ``.pth`` line naming this environment's ``site-packages``: that directory
-    joins ``sys.path``, but its own ``.pth`` files (the editable install's finder) are not processed.  Flower's
-    scripts are copied with this environment's interpreter.  Returns its ``bin/``.
-    """
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=120)
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    (directory / "lib" / version / "site-packages" / "shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    bin_dir = directory / "bin"
-    for name in FLOWER_SCRIPTS:
-        source = (Path(sys.executable).parent / name).read_text().splitlines(keepends=True)
-        script = bin_dir / name
-        script.write_text(f"#!{bin_dir / 'python'}\n" + "".join(source[1:]))
-        script.chmod(0o755)
-    return bin_dir
 
-
-def test_supernodes_without_fedroute_run_the_fab(repository: Path, tmp_path: Path, fab: Path) -> None:
-    bin_dir = environment_without_fedroute(tmp_path / "no-fedroute")
-    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    check = subprocess.run([str(bin_dir / "python"), "-c", "import flwr, numpy, pandas\nimport fedroute"],
-                           capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=60)
-    assert "No module named 'fedroute'" in check.stderr, check.stderr  # flwr, numpy, pandas imported first
+def test_supernodes_without_fedroute_run_the_fab(repository: Path, tmp_path: Path, fab: Path,
+                                                 no_fedroute_bin: Path) -> None:
+    bin_dir = no_fedroute_bin
     results = tmp_path / "results"
     with LocalFederation(repository, num_supernodes=2, environment_bin=bin_dir,
                          flwr_home=tmp_path / "home") as federation:

@@ -172,3 +172,16 @@ def test_a_task_needing_more_nodes_fails_before_round_one_naming_what_to_start(t
         _server_main(InProcessGrid(2, config), config)
     status = json.loads((tmp_path / "results" / "77" / "status.json").read_text())
     assert status["state"] == "failed" and "start at least 4 SuperNodes" in status["error"]
+
+
+def test_a_clientapp_running_other_fedroute_files_is_named(server_identity: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stale-SuperLink trap: the Ray workers import an old folder's fedroute; the run stops before round 1."""
+    from fedroute.client import app as client
+
+    monkeypatch.setattr(client, "app_fingerprint", lambda: "0123456789abcdef")
+    monkeypatch.setattr(client, "app_files", lambda: Path("/elsewhere/old-checkout"))
+    grid = GrowingGrid(2, {}, connected_at=[0.0, 0.0])
+    with pytest.raises(FederationError, match=r"runs the fedroute files in /elsewhere/old-checkout \(code "
+                                              r"0123456789abcdef\), not this run's app .*Stop that SuperLink"):
+        _discover(grid, None)
