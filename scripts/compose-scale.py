@@ -127,6 +127,40 @@ def _check_count(count: int) -> None:
         raise ValueError(f"N must be between 1 and {MAX_SUPERNODES}, got {count}")
 
 
+def _supernode_services(index: int, count: int) -> str:
+    """``supernode-<index>`` and its ClientApp executor ``superexec-clientapp-<index>``."""
+    port = supernode_port(index)
+    return "".join([f"""\
+
+  supernode-{index}:
+    image: flwr/supernode:{FLWR_VERSION}
+    command:
+""", _command(_supernode_arguments(index, count, tls=False, node_auth=False)), """\
+    environment: *flower-environment
+""", _healthcheck(port), _confined("supernode"), f"""\
+    depends_on:
+      superlink:
+        condition: service_healthy
+
+  # Runs the ClientApp (fedroute_app:clientapp, from the run's FAB) for supernode-{index}.
+  superexec-clientapp-{index}:
+    build: *superexec-build
+    image: fedroute-superexec:{FLWR_VERSION}
+    command:
+""", _command(_clientapp_arguments(index)), f"""\
+    environment: *executor-environment
+    volumes:
+      # This client's controller state (node config state-dir): survives a restart.
+      - client-state-{index}:{CLIENT_STATE}
+{_housing_mount()}""", _confined("clientapp"), f"""\
+    stop_signal: SIGINT
+    restart: on-failure:3
+    depends_on:
+      supernode-{index}:
+        condition: service_healthy
+"""])
+
+
 def base_compose(count: int) -> str:
     """The base compose file for ``count`` SuperNodes (insecure: no TLS)."""
     _check_count(count)
@@ -195,37 +229,7 @@ services:
       superlink:
         condition: service_healthy
 """]
-    for index in range(count):
-        port = supernode_port(index)
-        out += [f"""\
-
-  supernode-{index}:
-    image: flwr/supernode:{FLWR_VERSION}
-    command:
-""", _command(_supernode_arguments(index, count, tls=False, node_auth=False)), """\
-    environment: *flower-environment
-""", _healthcheck(port), _confined("supernode"), f"""\
-    depends_on:
-      superlink:
-        condition: service_healthy
-
-  # Runs the ClientApp (fedroute_app:clientapp, from the run's FAB) for supernode-{index}.
-  superexec-clientapp-{index}:
-    build: *superexec-build
-    image: fedroute-superexec:{FLWR_VERSION}
-    command:
-""", _command(_clientapp_arguments(index)), f"""\
-    environment: *executor-environment
-    volumes:
-      # This client's controller state (node config state-dir): survives a restart.
-      - client-state-{index}:{CLIENT_STATE}
-{_housing_mount()}""", _confined("clientapp"), f"""\
-    stop_signal: SIGINT
-    restart: on-failure:3
-    depends_on:
-      supernode-{index}:
-        condition: service_healthy
-"""]
+    out += [_supernode_services(index, count) for index in range(count)]
     out.append("\nvolumes:\n  results:\n  checkpoints:\n  superlink-state:\n")
     out += [f"  client-state-{index}:\n" for index in range(count)]
     return "".join(out)

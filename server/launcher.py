@@ -304,6 +304,23 @@ def flwr_run_command(flwr: str, app_dir: str | Path, run_config: Mapping[str, An
     return command
 
 
+def _follow(process: subprocess.Popen, lines: list[str], started: float, timeout: float, stream: bool) -> None:
+    """Collect (and with ``stream`` echo) ``flwr run``'s output until it ends, or kill it ``timeout`` s after
+    ``started``."""
+    assert process.stdout is not None
+    deadline = started + timeout
+    for line in process.stdout:
+        lines.append(line)
+        if stream and echo_line(line):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        if time.monotonic() > deadline:
+            process.kill()
+            lines.append(f"fedroute: run stopped after {timeout} s\n")
+            break
+    process.wait(timeout=30)
+
+
 def run_flower_app(
     app_dir: str | Path,
     run_config: Mapping[str, Any],
@@ -325,14 +342,11 @@ def run_flower_app(
     run_config : mapping
         Run-config overrides (keys must exist in ``[tool.flwr.app.config]``).
     num_supernodes : int or None
-        Simulated SuperNodes (one client each); ``None``: Flower's default federation (2 SuperNodes,
-        2 CPUs each), as plain ``flwr run .`` has it.
+        Simulated SuperNodes (one client each); ``None``: Flower's default federation (2).
     run_config_file : path, optional
-        Pass this file as ``--run-config FILE`` (``conf/<experiment>.toml``) instead of ``run_config``,
-        which must then be empty (``flwr run`` takes one or the other).
+        ``--run-config FILE`` (``conf/<experiment>.toml``) instead of ``run_config`` (then empty).
     environment_bin : path, optional
-        Run ``flwr`` and everything it starts from this Python environment's ``bin/``
-        (:func:`quiet_environment`; a test runs the app where ``import fedroute`` fails).
+        Run ``flwr`` and what it starts from this Python environment's ``bin/`` (:func:`quiet_environment`).
     timeout : float
         Seconds before the run is stopped.
     flwr_home : Path, optional
@@ -342,11 +356,8 @@ def run_flower_app(
     cpus_per_client : float
         Ray CPUs per simulated client.
     ray_address : str, optional
-        Run the simulation on this existing Ray cluster (``host:port`` of its
-        head, as ``ray start --head`` prints it) instead of a private local Ray.
-        Every node of the cluster needs the same Python environment (fedroute,
-        Flower and the app's dependencies) and, for an app outside the
-        installed package, the app's files at the same path.
+        Run the simulation on this existing Ray cluster (``host:port`` of its head) instead of a
+        private local Ray; every node of it needs the same Python environment.
 
     Returns
     -------
@@ -368,30 +379,17 @@ def run_flower_app(
     environment = quiet_environment(home, ray_address, bin_dir)
     command = flwr_run_command(_flwr_executable(bin_dir), app_dir, run_config, num_supernodes, cpus_per_client,
                                file)
-    flwr = command[0]
     started = time.monotonic()
-    lines: list[str] = []
+    process, lines = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1), []
     run_id: Optional[int] = None
     status = "unknown"
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, bufsize=1)
     try:
-        assert process.stdout is not None
-        deadline = started + timeout
-        for line in process.stdout:
-            lines.append(line)
-            if stream and echo_line(line):
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            if time.monotonic() > deadline:
-                process.kill()
-                lines.append(f"fedroute: run stopped after {timeout} s\n")
-                break
-        process.wait(timeout=30)
+        _follow(process, lines, started, timeout, stream)
         match = re.search(r"Successfully started run (\d+)", "".join(lines))
         if match:
             run_id = int(match.group(1))
-            status = _run_status(flwr, run_id, environment)
+            status = _run_status(command[0], run_id, environment)
     finally:
         if process.poll() is None:
             process.kill()
