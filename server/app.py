@@ -43,6 +43,7 @@ from fedroute.core.fedcam import initial_global_model, task_uses_output_sum
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.server.federation import Federation, FederationError, discover_federation, starting_hint
+from fedroute.server.flower_exit import report_before_cleanup
 from fedroute.server.results import summary_table, write_results, write_status
 from fedroute.server.run_config import RunSettings, explicit_num_clients, parse_run_config, results_directory
 from fedroute.tasks.registry import task_from_config
@@ -261,6 +262,7 @@ def _fail_early(directory: Path, run_config: dict[str, Any], error: Exception) -
 def main(grid: Grid, context: Context) -> None:
     """Find the federation's clients, run every requested method and write the results directory."""
     ensure_console_handler(logger)
+    report_before_cleanup()  # Flower 1.42 would delete a per-run environment before reporting the outcome
     run_config = dict(context.run_config)
     directory = results_directory(run_config) / str(context.run_id)
     try:

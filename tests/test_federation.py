@@ -185,3 +185,23 @@ def test_a_clientapp_running_other_fedroute_files_is_named(server_identity: Any,
     with pytest.raises(FederationError, match=r"runs the fedroute files in /elsewhere/old-checkout \(code "
                                               r"0123456789abcdef\), not this run's app .*Stop that SuperLink"):
         _discover(grid, None)
+
+
+def test_the_outcome_is_pushed_before_the_runtime_environment_is_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower 1.42 runs exit handlers last-registered first and kills the process 5 s in: its runtime-environment
+    deletion (registered last) ran before the push of the run's outcome and could eat the 5 s."""
+    from flwr.supercore.exit import exit_handler as flower_exit
+    from flwr.supercore.superexec import dependency_installer
+
+    from fedroute.server.flower_exit import report_before_cleanup
+
+    ran: list[str] = []
+    monkeypatch.setattr(flower_exit, "registered_exit_handlers", [])
+    monkeypatch.setattr(dependency_installer, "cleanup_app_runtime_environment", lambda path: ran.append("delete"))
+    flower_exit.add_exit_handler(lambda: ran.append("stop"))       # as register_signal_handlers does
+    flower_exit.add_exit_handler(lambda: ran.append("push outcome"))
+    dependency_installer._register_runtime_env_cleanup(Path("/nonexistent/runtime-env"))  # the install, later
+    assert report_before_cleanup() == 1
+    flower_exit.trigger_exit_handlers(run_before_force_exit=False)
+    assert ran == ["push outcome", "stop", "delete"]
+    assert report_before_cleanup() == 0  # nothing left to move
