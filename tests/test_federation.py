@@ -187,21 +187,33 @@ def test_a_clientapp_running_other_fedroute_files_is_named(server_identity: Any,
         _discover(grid, None)
 
 
-def test_the_outcome_is_pushed_before_the_runtime_environment_is_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_outcome_is_pushed_before_the_runtime_environment_is_deleted(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
     """Flower 1.42 runs exit handlers last-registered first and kills the process 5 s in: its runtime-environment
-    deletion (registered last) ran before the push of the run's outcome and could eat the 5 s."""
+    deletion (registered last) ran before the push of the run's outcome and could eat the 5 s.  Now the push runs
+    first and the directory is deleted by a detached process."""
+    import time
+
     from flwr.supercore.exit import exit_handler as flower_exit
     from flwr.supercore.superexec import dependency_installer
 
     from fedroute.server.flower_exit import report_before_cleanup
 
+    environment = tmp_path / "runtime-envs" / "123"
+    (environment / "lib").mkdir(parents=True)
+    for index in range(50):
+        (environment / "lib" / f"module_{index}.py").write_text("x = 1\n")
     ran: list[str] = []
     monkeypatch.setattr(flower_exit, "registered_exit_handlers", [])
-    monkeypatch.setattr(dependency_installer, "cleanup_app_runtime_environment", lambda path: ran.append("delete"))
+    monkeypatch.setattr(dependency_installer, "cleanup_app_runtime_environment", lambda path: ran.append("inline"))
     flower_exit.add_exit_handler(lambda: ran.append("stop"))       # as register_signal_handlers does
     flower_exit.add_exit_handler(lambda: ran.append("push outcome"))
-    dependency_installer._register_runtime_env_cleanup(Path("/nonexistent/runtime-env"))  # the install, later
+    dependency_installer._register_runtime_env_cleanup(environment)  # the install, registered later
     assert report_before_cleanup() == 1
+    started = time.monotonic()
     flower_exit.trigger_exit_handlers(run_before_force_exit=False)
-    assert ran == ["push outcome", "stop", "delete"]
+    assert time.monotonic() - started < 2.0 and ran == ["push outcome", "stop"]  # nothing deleted inline
+    while environment.exists() and time.monotonic() - started < 30:
+        time.sleep(0.1)
+    assert not environment.exists()
     assert report_before_cleanup() == 0  # nothing left to move
