@@ -12,25 +12,25 @@ died before the push, and the SuperLink marked the finished run
 although the ServerApp had written every result.  (Measured: 3 of 3 runs at
 load 11–14; with the install disabled, 3 of 3 completed.)
 
-:func:`report_before_cleanup` moves those deletions to the end of the queue,
-so the outcome is pushed first, and makes each one start a detached process
-that deletes the directory, so the deletion finishes after the 5 s (Flower's
-own, cut at 5 s, left most of the 33,000 files under
+:func:`report_before_cleanup` takes those deletions out of the exit queue, so
+the outcome is pushed at once, and hands each directory to a detached process
+that deletes it once this process has exited (Flower's own deletion, cut at
+5 s, also left most of the 33,000 files under
 ``$FLWR_HOME/runtime-envs/<run-id>``).  It touches nothing else and does
 nothing where Flower registered no such handler (install disabled, other
-versions).
+versions); a handler whose directory it cannot find is kept, moved to run last.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-__all__ = ["report_before_cleanup", "delete_detached", "RUNTIME_CLEANUP"]
+__all__ = ["report_before_cleanup", "delete_after_exit", "RUNTIME_CLEANUP"]
 
 RUNTIME_CLEANUP = ("flwr.supercore.superexec.dependency_installer", "_register_runtime_env_cleanup.<locals>._clean")
 """(module, qualified name) of Flower 1.42's runtime-environment deletion handler."""
@@ -55,28 +55,33 @@ def _runtime_env_dir(handler: Callable[[], None]) -> Optional[Path]:
     return None
 
 
-def delete_detached(directory: Path) -> Callable[[], None]:
-    """An exit handler that starts a process of its own session deleting ``directory`` and returns at once."""
+_DELETE_AFTER_EXIT = """
+import os, shutil, sys, time
+directory, pid = sys.argv[1], int(sys.argv[2])
 
-    def delete() -> None:
-        subprocess.Popen([sys.executable, "-c", "import shutil, sys; shutil.rmtree(sys.argv[1], ignore_errors=True)",
-                          str(directory)], start_new_session=True, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def alive():
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
 
-    return delete
+while alive():
+    time.sleep(0.5)
+shutil.rmtree(directory, ignore_errors=True)
+"""
 
 
-def _detached(registered: Any) -> Any:
-    """Flower's registered deletion, made a detached one where its directory is known."""
-    directory = _runtime_env_dir(registered.exit_handler)
-    if directory is None or not dataclasses.is_dataclass(registered):
-        return registered
-    return dataclasses.replace(registered, exit_handler=delete_detached(directory))
+def delete_after_exit(directory: Path, pid: int) -> subprocess.Popen:
+    """Start a process of its own session that deletes ``directory`` once process ``pid`` has exited."""
+    return subprocess.Popen([sys.executable, "-c", _DELETE_AFTER_EXIT, str(directory), str(pid)],
+                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
 
 def report_before_cleanup() -> int:
-    """Run Flower's runtime-environment deletions after every other exit handler, each in a detached process;
-    return how many were moved."""
+    """Take Flower's runtime-environment deletions out of the exit queue, deleting each directory after this
+    process exits (:func:`delete_after_exit`); return how many there were."""
     try:
         from flwr.supercore.exit import exit_handler as flower_exit
     except ImportError:  # another Flower: nothing to fix
@@ -87,9 +92,13 @@ def report_before_cleanup() -> int:
         return 0
     with lock:
         cleanups = [registered for registered in handlers if _is_cleanup(registered)]
-        # Last registered runs first: the front of the list runs last.
-        handlers[:] = [_detached(registered) for registered in cleanups] + \
-            [registered for registered in handlers if not _is_cleanup(registered)]
+        directories = [_runtime_env_dir(registered.exit_handler) for registered in cleanups]
+        kept = [registered for registered, directory in zip(cleanups, directories) if directory is None]
+        # Last registered runs first: a deletion kept goes to the front of the list, to run last.
+        handlers[:] = kept + [registered for registered in handlers if not _is_cleanup(registered)]
+    for directory in directories:
+        if directory is not None:
+            delete_after_exit(directory, os.getpid())
     if cleanups:
         logger.debug("the run's outcome is pushed before its runtime environment is deleted")
     return len(cleanups)

@@ -190,14 +190,17 @@ def test_a_clientapp_running_other_fedroute_files_is_named(server_identity: Any,
 def test_the_outcome_is_pushed_before_the_runtime_environment_is_deleted(monkeypatch: pytest.MonkeyPatch,
                                                                         tmp_path: Path) -> None:
     """Flower 1.42 runs exit handlers last-registered first and kills the process 5 s in: its runtime-environment
-    deletion (registered last) ran before the push of the run's outcome and could eat the 5 s.  Now the push runs
-    first and the directory is deleted by a detached process."""
+    deletion (registered last) ran before the push of the run's outcome and could eat the 5 s.  Now nothing is
+    deleted on exit, and a detached process deletes the directory once the process that ran the ServerApp is gone
+    (here: a stand-in process)."""
+    import subprocess
+    import sys
     import time
 
     from flwr.supercore.exit import exit_handler as flower_exit
     from flwr.supercore.superexec import dependency_installer
 
-    from fedroute.server.flower_exit import report_before_cleanup
+    from fedroute.server import flower_exit as fix
 
     environment = tmp_path / "runtime-envs" / "123"
     (environment / "lib").mkdir(parents=True)
@@ -209,11 +212,16 @@ def test_the_outcome_is_pushed_before_the_runtime_environment_is_deleted(monkeyp
     flower_exit.add_exit_handler(lambda: ran.append("stop"))       # as register_signal_handlers does
     flower_exit.add_exit_handler(lambda: ran.append("push outcome"))
     dependency_installer._register_runtime_env_cleanup(environment)  # the install, registered later
-    assert report_before_cleanup() == 1
-    started = time.monotonic()
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])  # the ServerApp's process
+    monkeypatch.setattr(fix.os, "getpid", lambda: server.pid)
+    assert fix.report_before_cleanup() == 1
     flower_exit.trigger_exit_handlers(run_before_force_exit=False)
-    assert time.monotonic() - started < 2.0 and ran == ["push outcome", "stop"]  # nothing deleted inline
-    while environment.exists() and time.monotonic() - started < 30:
+    assert ran == ["push outcome", "stop"]  # nothing deleted on exit
+    time.sleep(1.0)
+    assert environment.exists()  # not while the process runs
+    server.wait()
+    deadline = time.monotonic() + 30
+    while environment.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not environment.exists()
-    assert report_before_cleanup() == 0  # nothing left to move
+    assert fix.report_before_cleanup() == 0  # nothing left to take out
