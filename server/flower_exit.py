@@ -10,7 +10,7 @@ torch among them) took 7.7 s at load 14 on the reference machine: the process
 died before the push, and the SuperLink marked the finished run
 ``finished:failed`` ("No heartbeat received from the task") a minute later,
 although the ServerApp had written every result.  (Measured: 3 of 3 runs at
-load 11–14; with the install disabled, 3 of 3 completed.)
+load 11–14; the same run with the install disabled completed.)
 
 :func:`report_before_cleanup` takes those deletions out of the exit queue, so
 the outcome is pushed at once, and hands each directory to a detached process
