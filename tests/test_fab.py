@@ -7,15 +7,14 @@ is not installed.
   fedroute is installed and was imported first; a module the copy lacks does not come from the installed one.
 * Flower's simulation pickles the ClientApp to its Ray workers: it comes back from the FAB's files, not from
   the unpickler's path (the SuperLink's working directory, an installed fedroute).
-* Real processes: a SuperLink and SuperNodes started from an environment where ``import fedroute`` fails
-  (flwr, numpy, pandas … visible; fedroute not; ``conftest.no_fedroute_bin``) run the FAB to completion,
-  with ``num-clients = "auto"``.  (``tests/test_conf.py`` runs a simulation from that environment.)
+* Real processes (in ``tests/test_deployment.py``, whose TLS deployment and Ray simulation both run from an
+  environment where ``import fedroute`` fails, ``conftest.no_fedroute_bin``): a SuperLink and SuperNodes run
+  the FAB ``flwr build`` makes to completion, with ``num-clients = "auto"``; ``tests/test_conf.py`` runs a
+  conf file on Flower's default federation from that environment.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -23,10 +22,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from fedroute.server.deploy import LocalFederation
 
 def _built_fab(repository: Path, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
@@ -109,25 +106,3 @@ def test_the_clientapp_unpickles_from_its_app_files_not_the_unpicklers_path(repo
         completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=120)
         assert completed.returncode == 0, completed.stderr
     assert completed.stdout.split() == [str(fab_copy / "client" / "app.py"), "ClientApp"]
-
-
-def test_supernodes_without_fedroute_run_the_fab(repository: Path, tmp_path: Path, fab: Path,
-                                                 no_fedroute_bin: Path) -> None:
-    bin_dir = no_fedroute_bin
-    results = tmp_path / "results"
-    with LocalFederation(repository, num_supernodes=2, environment_bin=bin_dir,
-                         flwr_home=tmp_path / "home") as federation:
-        run = federation.run({"method": "greedy", "num-clients": "auto", "num-server-rounds": 2,
-                              "results-dir": str(results)}, timeout=600)
-        listing = federation._flwr_command("ls", "--run-id", str(run.run_id), "--format", "json")
-    assert run.completed, f"{run.status}\n{run.stdout[-4000:]}"
-    (directory,) = results.iterdir()
-    config = json.loads((directory / "config.json").read_text())
-    assert config["app_files"].startswith(str(tmp_path / "home" / "apps")), config["app_files"]  # the FAB's
-    assert config["python"] == str(bin_dir / "python")  # the ServerApp ran in the environment without fedroute
-    for log in ("superlink", "supernode-0", "supernode-1"):
-        assert f"$ {bin_dir}/flower-" in (tmp_path / "home" / "logs" / f"{log}.log").read_text(), log
-    assert config["federation"] == {"num_clients": 2, "num_nodes": 2, "source": "num-partitions"}
-    assert len(pd.read_csv(directory / "rounds.csv")) == 2
-    (listed,) = json.loads(listing.stdout)["runs"]
-    assert listed["fab-hash"] == hashlib.sha256(fab.read_bytes()).hexdigest()  # the FAB `flwr build` makes
