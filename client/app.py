@@ -60,10 +60,9 @@ def node_config_report(message: Message, node_config: Any) -> Message:
         value = node_config.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else protocol.UNKNOWN
 
-    content = RecordDict({
-        protocol.METRICS: MetricRecord({key: integer(key) for key in (protocol.PARTITION_ID, protocol.NUM_PARTITIONS)}),
-        protocol.CONFIG: ConfigRecord({protocol.APP_FILES: str(app_files()), protocol.APP_FINGERPRINT: app_fingerprint()}),
-    })
+    partition = {key: integer(key) for key in (protocol.PARTITION_ID, protocol.NUM_PARTITIONS)}
+    identity = {protocol.APP_FILES: str(app_files()), protocol.APP_FINGERPRINT: app_fingerprint()}
+    content = RecordDict({protocol.METRICS: MetricRecord(partition), protocol.CONFIG: ConfigRecord(identity)})
     return Message(content=content, reply_to=message)
 
 

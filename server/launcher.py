@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["FlowerRun", "run_flower_app", "flwr_run_command", "load_run_config_file", "format_run_config", "parse_config_value", "quiet_environment",
+__all__ = ["FlowerRun", "run_flower_app", "flwr_run_command", "load_run_config_file",
+           "format_run_config", "parse_config_value", "quiet_environment",
            "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP",
            "FEDROUTE_SERVERAPPS"]
 

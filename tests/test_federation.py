@@ -166,9 +166,9 @@ def test_auto_runs_with_the_nodes_it_has_and_equals_the_simulator(tmp_path: Path
 def test_a_task_needing_more_nodes_fails_before_round_one_naming_what_to_start(tmp_path: Path,
                                                                                server_identity: Any) -> None:
     config = _run_config(tmp_path, **{"task": "housing", "num-clients": "auto", "data-file": str(EMBEDDED_TABLE)})
-    with pytest.raises(FederationError, match=r"the federation has 2 SuperNodes, .*allowed: an integer ≥ 4 .*start at "
-                                              r"least 4 SuperNodes \(simulation: flwr run \. --federation-config "
-                                              r"\"num-supernodes=4\""):
+    with pytest.raises(FederationError, match=r"the federation has 2 SuperNodes, .*allowed: an integer ≥ 4 .*"
+                                              r"start at least 4 SuperNodes \(simulation: flwr run \. "
+                                              r"--federation-config \"num-supernodes=4\""):
         _server_main(InProcessGrid(2, config), config)
     status = json.loads((tmp_path / "results" / "77" / "status.json").read_text())
     assert status["state"] == "failed" and "start at least 4 SuperNodes" in status["error"]

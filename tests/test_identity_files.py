@@ -22,7 +22,8 @@ def test_the_license_file_is_the_apache_2_text_pyproject_names(repository: Path)
     assert _project(repository)["license"] == "Apache-2.0" and _project(repository)["license-files"] == ["LICENSE"]
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     for section in ("1. Definitions.", "2. Grant of Copyright License.", "3. Grant of Patent License.",
-                    "4. Redistribution.", "9. Accepting Warranty or Additional Liability.", "END OF TERMS AND CONDITIONS"):
+                    "4. Redistribution.", "9. Accepting Warranty or Additional Liability.",
+                    "END OF TERMS AND CONDITIONS"):
         assert section in text, section
     assert len(text.splitlines()) > 190  # the full text, not a notice
 
