@@ -10,7 +10,9 @@ cluster model under :func:`cluster_key` and one ``ConfigRecord`` under
 Flower's ``server-round`` counts from 1; the paper's round is
 ``t = server-round - 1`` and travels as :data:`ROUND_INDEX`.  The provisional
 Greedy report of synchronized entry is a ``QUERY`` exchange before server
-round 1; server round 1 (``t = 0``) carries the provisional masses.
+round 1; server round 1 (``t = 0``) carries the provisional masses.  Before
+either, fedroute's ServerApp may ask the nodes for their node config (a
+``QUERY`` of phase :data:`PHASE_NODE_CONFIG`, :mod:`fedroute.server.federation`).
 
 This module imports no Flower: it only names things and converts arrays.
 """
@@ -53,6 +55,9 @@ ALGORITHM_FEDCAM = "fedcam"
 ROUTING_PREFIX = "routing."
 SAMPLED_FRACTION = "sampled-fraction"
 """The strategy's ``fraction_train``: below 1 a client may play its first round at any ``t``."""
+TASK_NUM_CLIENTS = "task.num-clients"
+"""The number of clients the ServerApp chose (run-config ``num-clients``, or the federation's size when it is
+``"auto"``): the ClientApp builds its data with it, so that every node and the server agree."""
 
 # Phases.
 PHASE_TRAIN = "train"
@@ -61,6 +66,9 @@ PHASE_EVALUATE = "evaluate"
 PHASE_IDENTIFY = "identify"
 """A ``QUERY`` without models, before a node is first sampled under partial participation: the
 client answers with its ``client-id`` and ``num-examples`` (the server samples clients, not nodes)."""
+PHASE_NODE_CONFIG = "node-config"
+"""A ``QUERY`` before anything else: each node reports its ``partition-id`` and ``num-partitions``
+(:mod:`fedroute.server.federation`); :data:`UNKNOWN` where its node config has none."""
 
 # Metric keys (client → server).
 CLUSTER = "cluster"
@@ -80,6 +88,13 @@ EXP3_LOG_WEIGHTS = "exp3-log-weights"
 TRAIN_LOSSES = "train-losses"
 TEST_LOSSES = "test-losses"
 GROUP = "group"
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+UNKNOWN = -1
+APP_FILES = "app-files"
+APP_FINGERPRINT = "app-fingerprint"
+"""The node-config reply's ConfigRecord (under :data:`CONFIG`): where the ClientApp's fedroute comes from and
+a fingerprint of its code (:mod:`fedroute.app_identity`)."""
 
 # Context.state key prefix of a client's controller state.
 STATE_PREFIX = "fedroute-state:"

@@ -49,6 +49,11 @@ def main(argv: list[str]) -> int:
     alone = compose_config(binary, [base])["services"]
     assert "--insecure" in alone["superlink"]["command"], alone["superlink"]["command"]
     assert alone["superlink"]["image"] == "flwr/superlink:1.42.0", alone["superlink"]["image"]
+    # The executors read the housing table the FAB does not carry (a read-only bind mount).
+    for name in ("superexec-serverapp", "superexec-clientapp-0"):
+        assert alone[name]["environment"]["FEDROUTE_HOUSING_FILE"] == "/app/data/california_housing.csv.gz", name
+        assert any(str(volume.get("target", volume) if isinstance(volume, dict) else volume).find(
+            "/app/data/california_housing.csv.gz") >= 0 for volume in alone[name]["volumes"]), name
     print(f"ok: {base.name} ({len(alone)} services)")
 
     merged = compose_config(binary, [base, tls])["services"]

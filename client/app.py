@@ -7,7 +7,12 @@ one ArrayRecord (the trained model) and one MetricRecord.  ``QUERY``
 report every model's loss on the train and held-out split.
 
 The client's data come from ``node_config["partition-id"]`` and the run config
-(task settings); its controller state lives in ``Context.state``.
+(task settings) with the number of clients the ServerApp chose
+(:data:`~fedroute.protocol.TASK_NUM_CLIENTS` in every message) and, where the
+node config names one, the node's own ``data-file``; its controller state lives
+in ``Context.state``.  A ``QUERY`` of phase
+:data:`~fedroute.protocol.PHASE_NODE_CONFIG` is answered with the node's
+``partition-id`` and ``num-partitions`` (:mod:`fedroute.server.federation`).
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedroute import protocol
+from fedroute.app_identity import app_files, app_fingerprint
 from fedroute.client.handlers import evaluation_losses, fedcam_reply, identity_reply, is_identification, reply, \
     routing_reply
 from fedroute.core.client_step import provisional_greedy_routes
@@ -32,13 +38,42 @@ __all__ = ["app"]
 app = ClientApp()
 
 
-def _client(context: Context) -> ClientBatch:
+NODE_DATA_FILE = "data-file"
+"""Node-config key: this node's local copy of the task's data (overrides run-config ``data-file``)."""
+
+
+def task_config(context: Context, config: dict[str, Any]) -> dict[str, Any]:
+    """The task settings of this node: the run config, the server's number of clients, the node's data file."""
+    settings = dict(context.run_config)
+    if protocol.TASK_NUM_CLIENTS in config:
+        settings["num-clients"] = int(config[protocol.TASK_NUM_CLIENTS])
+    if context.node_config.get(NODE_DATA_FILE):
+        settings["data-file"] = str(context.node_config[NODE_DATA_FILE])
+    return settings
+
+
+def node_config_report(message: Message, node_config: Any) -> Message:
+    """The answer to the node-config query: ``partition-id`` and ``num-partitions``
+    (:data:`~fedroute.protocol.UNKNOWN` for a key the node config lacks or holds as a non-integer), and which
+    fedroute files this ClientApp runs (:mod:`fedroute.app_identity`)."""
+
+    def integer(key: str) -> int:
+        value = node_config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else protocol.UNKNOWN
+
+    partition = {key: integer(key) for key in (protocol.PARTITION_ID, protocol.NUM_PARTITIONS)}
+    identity = {protocol.APP_FILES: str(app_files()), protocol.APP_FINGERPRINT: app_fingerprint()}
+    content = RecordDict({protocol.METRICS: MetricRecord(partition), protocol.CONFIG: ConfigRecord(identity)})
+    return Message(content=content, reply_to=message)
+
+
+def _client(context: Context, config: dict[str, Any]) -> ClientBatch:
     """This node's data (a batch of one client)."""
     if "partition-id" not in context.node_config:
         raise ValueError("node config needs 'partition-id' (and 'num-partitions'); "
                          "pass --node-config 'partition-id=<i> num-partitions=<n>'")
     partition_id = int(context.node_config["partition-id"])
-    return task_from_config(context.run_config).clients(np.array([partition_id]))
+    return task_from_config(task_config(context, config)).clients(np.array([partition_id]))
 
 
 def _cluster_models(message: Message, num_clusters: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -62,7 +97,7 @@ def _received(
     config = dict(message.content[protocol.CONFIG].items())
     settings = _settings(config)
     models, template = _cluster_models(message, settings.num_clusters)
-    return config, settings, models, template, _client(context)
+    return config, settings, models, template, _client(context, config)
 
 
 @app.train()
@@ -88,10 +123,12 @@ def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, 
 
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
-    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained); or, under partial
-    participation, the identification (client id and sample count, no models)."""
+    """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained); the node-config query; or,
+    under partial participation, the identification (client id and sample count, no models)."""
+    if message.content[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_NODE_CONFIG:
+        return node_config_report(message, context.node_config)
     if is_identification(message):
-        clients = _client(context)
+        clients = _client(context, dict(message.content[protocol.CONFIG].items()))
         return identity_reply(message, int(clients.client_ids[0]), float(clients.num_examples[0]))
     config, settings, models, _, clients = _received(message, context)
     return reply(message, {

@@ -36,6 +36,8 @@ CERTIFICATES = "/app/certificates"
 SUPERLINK_DATABASE = "/app/superlink.db"
 CLIENT_STATE = "/app/state"
 CHECKPOINTS = "/app/checkpoints"
+HOUSING_TABLE = "/app/data/california_housing.csv.gz"
+"""Where the executors find the California Housing table (the FAB does not carry it)."""
 MEMORY = {"superlink": ("SUPERLINK_MEMORY", "1g"), "serverapp": ("SERVERAPP_MEMORY", "2g"),
           "supernode": ("SUPERNODE_MEMORY", "512m"), "clientapp": ("CLIENTAPP_MEMORY", "2g")}
 """Memory limit per kind of container: (environment variable, default)."""
@@ -115,9 +117,48 @@ def _clientapp_arguments(index: int) -> list[str]:
     return ["--insecure", "--runtime-api-address", f"supernode-{index}:{supernode_port(index)}"]
 
 
+def _housing_mount() -> str:
+    """The repository's copy of the California Housing table, read-only, where ``FEDROUTE_HOUSING_FILE`` says."""
+    return f"      - ./tasks/data/california_housing.csv.gz:{HOUSING_TABLE}:ro\n"
+
+
 def _check_count(count: int) -> None:
     if not 1 <= count <= MAX_SUPERNODES:
         raise ValueError(f"N must be between 1 and {MAX_SUPERNODES}, got {count}")
+
+
+def _supernode_services(index: int, count: int) -> str:
+    """``supernode-<index>`` and its ClientApp executor ``superexec-clientapp-<index>``."""
+    port = supernode_port(index)
+    return "".join([f"""\
+
+  supernode-{index}:
+    image: flwr/supernode:{FLWR_VERSION}
+    command:
+""", _command(_supernode_arguments(index, count, tls=False, node_auth=False)), """\
+    environment: *flower-environment
+""", _healthcheck(port), _confined("supernode"), f"""\
+    depends_on:
+      superlink:
+        condition: service_healthy
+
+  # Runs the ClientApp (fedroute_app:clientapp, from the run's FAB) for supernode-{index}.
+  superexec-clientapp-{index}:
+    build: *superexec-build
+    image: fedroute-superexec:{FLWR_VERSION}
+    command:
+""", _command(_clientapp_arguments(index)), f"""\
+    environment: *executor-environment
+    volumes:
+      # This client's controller state (node config state-dir): survives a restart.
+      - client-state-{index}:{CLIENT_STATE}
+{_housing_mount()}""", _confined("clientapp"), f"""\
+    stop_signal: SIGINT
+    restart: on-failure:3
+    depends_on:
+      supernode-{index}:
+        condition: service_healthy
+"""])
 
 
 def base_compose(count: int) -> str:
@@ -136,8 +177,14 @@ x-flower-environment: &flower-environment
   FLWR_TELEMETRY_ENABLED: "0"
   FLWR_DISABLE_UPDATE_CHECK: "1"
   # No per-run `uv sync` of the app's dependencies (it would pull a CUDA torch):
-  # the executor image has them installed (docker/Dockerfile.superexec).
+  # the executor image has them installed (docker/Dockerfile.superexec).  The
+  # app's code itself comes with every run, in its FAB (`flwr run . <connection>`).
   FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION: "1"
+
+x-executor-environment: &executor-environment
+  <<: *flower-environment
+  # The housing task's table: Flower's FAB builder drops .csv.gz files.
+  FEDROUTE_HOUSING_FILE: {HOUSING_TABLE}
 
 x-superexec-build: &superexec-build
   context: .
@@ -160,14 +207,14 @@ services:
       - superlink-state:/app
 """, _healthcheck(SUPERLINK_PORT), _confined("superlink"), f"""\
 
-  # Runs the ServerApp (fedroute.server.app:app) of every run.
+  # Runs the ServerApp (fedroute_app:serverapp, from the run's FAB) of every run.
   superexec-serverapp:
     build: *superexec-build
     image: fedroute-superexec:{FLWR_VERSION}
     command:
 """, _command(_serverapp_arguments(tls=False)), f"""\
     environment:
-      <<: *flower-environment
+      <<: *executor-environment
       # The ServerApp writes <results-dir>/<run-id>/; a relative results-dir
       # (default "results") resolves here, i.e. in the `results` volume.
       FEDROUTE_RESULTS_ROOT: /app
@@ -176,43 +223,13 @@ services:
     volumes:
       - results:/app/results
       - checkpoints:{CHECKPOINTS}
-""", _confined("serverapp"), """\
+{_housing_mount()}""", _confined("serverapp"), """\
     restart: on-failure:3
     depends_on:
       superlink:
         condition: service_healthy
 """]
-    for index in range(count):
-        port = supernode_port(index)
-        out += [f"""\
-
-  supernode-{index}:
-    image: flwr/supernode:{FLWR_VERSION}
-    command:
-""", _command(_supernode_arguments(index, count, tls=False, node_auth=False)), """\
-    environment: *flower-environment
-""", _healthcheck(port), _confined("supernode"), f"""\
-    depends_on:
-      superlink:
-        condition: service_healthy
-
-  # Runs the ClientApp (fedroute.client.app:app) for supernode-{index}.
-  superexec-clientapp-{index}:
-    build: *superexec-build
-    image: fedroute-superexec:{FLWR_VERSION}
-    command:
-""", _command(_clientapp_arguments(index)), f"""\
-    environment: *flower-environment
-    volumes:
-      # This client's controller state (node config state-dir): survives a restart.
-      - client-state-{index}:{CLIENT_STATE}
-""", _confined("clientapp"), f"""\
-    stop_signal: SIGINT
-    restart: on-failure:3
-    depends_on:
-      supernode-{index}:
-        condition: service_healthy
-"""]
+    out += [_supernode_services(index, count) for index in range(count)]
     out.append("\nvolumes:\n  results:\n  checkpoints:\n  superlink-state:\n")
     out += [f"  client-state-{index}:\n" for index in range(count)]
     return "".join(out)

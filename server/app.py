@@ -1,4 +1,13 @@
-"""The fedroute ServerApp: run config → strategy per method → results directory.
+"""The fedroute ServerApp: run config → the federation's clients → strategy per method → results directory.
+
+The number of clients is run-config ``num-clients``, or, with ``"auto"`` (the
+default), the connected SuperNodes' ``num-partitions``
+(:mod:`fedroute.server.federation`): plain ``flwr run .`` with Flower's
+default federation of 2 simulated SuperNodes runs the main job with 2
+clients.  A task that cannot run with that many (e.g. housing needs 4) stops
+before round 1, naming the smallest federation that works and how to start it.
+Every message tells the clients the chosen number, so that their data and the
+server's agree.
 
 With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
 FedCAM baseline in turn on the same nodes (each with its own client-state namespace), prints a
@@ -30,19 +39,23 @@ import pandas as pd
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+import fedroute
 from fedroute import protocol
 from fedroute.atomic_files import atomic_write
 from fedroute.core.fedcam import initial_global_model, task_uses_output_sum
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.progress import ensure_console_handler
+from fedroute.server.federation import Federation, FederationError, discover_federation, starting_hint
+from fedroute.server.flower_exit import report_before_cleanup
 from fedroute.server.results import summary_table, write_results, write_status
-from fedroute.server.run_config import RunSettings, parse_run_config
+from fedroute.server.run_config import RunSettings, explicit_num_clients, parse_run_config, results_directory
+from fedroute.tasks.registry import task_from_config
 from fedroute.simulation.summary import run_summary
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
 from fedroute.strategies.records import array_record
 
-__all__ = ["app", "make_strategy", "run_method"]
+__all__ = ["app", "make_strategy", "run_method", "federation_settings"]
 
 logger = logging.getLogger("fedroute")
 app = ServerApp()
@@ -65,6 +78,8 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         report_memory=settings.report_memory,
         min_available_nodes=num_clients,
         round_timeout=settings.round_timeout,
+        node_wait_timeout=settings.node_wait_timeout,
+        client_config={protocol.TASK_NUM_CLIENTS: num_clients},
         seed=settings.seed,
         run_key=f"{method}-{settings.run_digest}",
         checkpoint_dir=None if settings.checkpoint_dir is None else settings.checkpoint_dir / method,
@@ -137,19 +152,72 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     return summary
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Run every requested method and write the results directory as each one ends."""
-    ensure_console_handler(logger)
-    settings = parse_run_config(context.run_config)
-    directory = settings.results_dir / str(context.run_id)
-    config = {
-        "run_id": context.run_id,
-        "run_config": dict(context.run_config),
-        "task": asdict(settings.task),
-        "routing": {method: routing.to_dict() for method, routing in settings.routing.items()},
-        "influence": settings.influence.to_dict(),
-    }
+def _smallest_federation(run_config: dict[str, Any], num_nodes: int, tries: int = 1024) -> Optional[int]:
+    """The smallest number of clients above ``num_nodes`` the task accepts (None if none within ``tries``)."""
+    for candidate in range(num_nodes + 1, num_nodes + 1 + tries):
+        try:
+            task_from_config({**run_config, "num-clients": candidate})
+        except ValueError:
+            continue
+        return candidate
+    return None
+
+
+def federation_settings(grid: Grid, run_config: dict[str, Any]) -> tuple[RunSettings, Federation]:
+    """The run's settings with the number of clients the federation gives (:mod:`fedroute.server.federation`).
+
+    The run config is validated in full first (a bad key fails before any waiting); with
+    ``num-clients = "auto"`` the task is then built for the federation's size.
+
+    Raises
+    ------
+    ValueError
+        An invalid run config; :class:`~fedroute.server.federation.FederationError` when the nodes
+        contradict each other or the task cannot run with as many clients as there are SuperNodes
+        (naming the smallest federation that works and how to start it).
+    """
+    settings = parse_run_config(run_config)
+    explicit = settings.task.num_clients if explicit_num_clients(run_config) else None
+    federation = discover_federation(grid, explicit, settings.node_wait_timeout, settings.round_timeout)
+    if explicit is not None:
+        return settings, federation
+    size = federation.num_clients
+    try:
+        return parse_run_config({**run_config, "num-clients": size}), federation
+    except ValueError as error:
+        if "'num-clients'" not in str(error):
+            raise
+        smallest = _smallest_federation(run_config, size)
+        advice = (f"start at least {smallest} SuperNodes ({starting_hint(smallest)})" if smallest is not None
+                  else "start more SuperNodes")
+        raise FederationError(f"the federation has {size} SuperNodes, so the run has {size} clients (run-config "
+                              f"num-clients = \"auto\" follows the SuperNodes' num-partitions), but {error}; "
+                              f"{advice}") from None
+
+
+def _record_method(method: str, strategy: ClusteredRouting, settings: RunSettings,
+                   routes: list[dict[str, Any]], models: dict[str, np.ndarray]) -> None:
+    """Add one finished method's routes and final models to the run's tables."""
+    routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
+                  for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
+    for cluster, model in enumerate(evaluated_models(strategy, settings.task)):
+        models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
+    if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
+        models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
+
+
+def _save_round_models(directory: Path, method: str, kept: dict[int, list[np.ndarray]],
+                       per_round: dict[str, np.ndarray]) -> None:
+    """``round_models.npz``: <method>/server_round (m,), <method>/cluster_models (m, K, P)."""
+    per_round[f"{method}/server_round"] = np.array(sorted(kept), dtype=np.int64)
+    per_round[f"{method}/cluster_models"] = np.stack([np.stack(kept[t]) for t in sorted(kept)])
+    atomic_write(directory / "round_models.npz", lambda stream: np.savez(stream, **per_round))
+
+
+def run_methods(grid: Grid, settings: RunSettings, directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Run every method in turn, writing the results directory as each one ends; return the summaries.
+
+    A method that raises is recorded (``summary.json``, ``status.json`` ``failed``) and the error re-raised."""
     methods = list(settings.methods)
     plan = {"methods": methods, "num_rounds": settings.num_rounds,
             "num_clusters": {method: settings.routing[method].num_clusters for method in methods}}
@@ -158,8 +226,6 @@ def main(grid: Grid, context: Context) -> None:
     models: dict[str, np.ndarray] = {}
     per_round: dict[str, np.ndarray] = {}
     write_results(directory, config, None, summaries, models)
-    write_status(directory, "running", **plan, current_method=methods[0], completed=[])
-    logger.info("results: %s (follow it with: fedroute monitor %s)", directory, directory)
     for index, method in enumerate(methods, start=1):
         write_status(directory, "running", **plan, current_method=method, completed=list(summaries))
         logger.info("method %d/%d: %s, %d rounds", index, len(methods), method, settings.num_rounds)
@@ -175,18 +241,47 @@ def main(grid: Grid, context: Context) -> None:
                          error=summaries[method]["error"])
             logger.error("run failed in method %s: %s: %s", method, type(error).__name__, error)
             raise
-        routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
-                      for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
-        for cluster, model in enumerate(evaluated_models(strategy, settings.task)):
-            models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
-        if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
-            models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
+        _record_method(method, strategy, settings, routes, models)
         write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
-        if kept is not None:  # <method>/server_round (m,), <method>/cluster_models (m, K, P)
-            per_round[f"{method}/server_round"] = np.array(sorted(kept), dtype=np.int64)
-            per_round[f"{method}/cluster_models"] = np.stack([np.stack(kept[t]) for t in sorted(kept)])
-            atomic_write(directory / "round_models.npz", lambda stream: np.savez(stream, **per_round))
+        if kept is not None:
+            _save_round_models(directory, method, kept, per_round)
     write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
-    table = summary_table(summaries)
-    print(f"\n{table}\n\nresults: {directory}", flush=True)
+    return summaries
+
+
+def _fail_early(directory: Path, run_config: dict[str, Any], error: Exception) -> None:
+    """A run that cannot start (invalid run config, unfit federation): ``status.json`` says why, the log too."""
+    try:
+        write_status(directory, "failed", methods=[], num_rounds=0, num_clusters={}, current_method=None,
+                     completed=[], error=f"{type(error).__name__}: {error}")
+    except OSError:  # e.g. an unwritable results-dir: the log line below still says why
+        pass
+    logger.error("run failed before round 1: %s", error)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Find the federation's clients, run every requested method and write the results directory."""
+    ensure_console_handler(logger)
+    report_before_cleanup()  # Flower 1.42 would delete a per-run environment before reporting the outcome
+    run_config = dict(context.run_config)
+    directory = results_directory(run_config) / str(context.run_id)
+    try:
+        settings, federation = federation_settings(grid, run_config)
+    except ValueError as error:
+        _fail_early(directory, run_config, error)
+        raise
+    config = {
+        "run_id": context.run_id,
+        "run_config": run_config,
+        "federation": federation.to_dict(),
+        "app_files": str(Path(fedroute.__file__).resolve().parent),  # the FAB's, or an installed fedroute's
+        "python": sys.executable,
+        "task": asdict(settings.task),
+        "routing": {method: routing.to_dict() for method, routing in settings.routing.items()},
+        "influence": settings.influence.to_dict(),
+    }
+    logger.info("results: %s (follow it with: fedroute monitor %s)", directory, directory)
+    summaries = run_methods(grid, settings, directory, config)
+    print(f"\n{summary_table(summaries)}\n\nresults: {directory}", flush=True)
     sys.stdout.flush()

@@ -178,6 +178,11 @@ class LocalFederation:
         SQLite database can answer a SuperNode's push with "database is locked",
         and the lost reply stalls its round until the round timeout (seen with
         10 SuperNodes on 2 CPUs at load ≈ 20); the benchmark uses ``False``.
+    environment_bin : path, optional
+        The ``bin/`` directory of the Python environment whose ``flower-superlink``,
+        ``flower-supernode``, ``flwr`` (and, first on ``PATH``, the executors they
+        start) run the federation; this interpreter's by default.  A FAB test uses an
+        environment where ``import fedroute`` fails (``tests/test_fab.py``).
     """
 
     def __init__(
@@ -194,6 +199,7 @@ class LocalFederation:
         superexec_poll_interval: Optional[float] = None,
         startup_timeout: float = 60.0,
         persistent_superlink: bool = True,
+        environment_bin: Optional[str | Path] = None,
     ) -> None:
         if int(num_supernodes) != num_supernodes or num_supernodes < 1:
             raise ValueError(f"num_supernodes = {num_supernodes} is invalid; allowed: an integer ≥ 1")
@@ -216,7 +222,8 @@ class LocalFederation:
         self._supernodes: list[Optional[subprocess.Popen]] = [None] * self.num_supernodes
         self._killed: set[int] = set()
         self._copiers: list[threading.Thread] = []
-        self._flwr = _flwr_executable()
+        self.environment_bin = Path(environment_bin).resolve() if environment_bin is not None else None
+        self._flwr = _flwr_executable(self.environment_bin)
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self) -> "LocalFederation":
@@ -234,7 +241,7 @@ class LocalFederation:
         """Start the SuperLink, write the connection, start the SuperNodes."""
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.environment = quiet_environment(self.flwr_home)
+        self.environment = quiet_environment(self.flwr_home, environment_bin=self.environment_bin)
         self.environment["FLWR_LOG_LEVEL"] = self.log_level
         if self.superexec_poll_interval is not None:
             self.environment["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{self.superexec_poll_interval:g}"
@@ -268,7 +275,7 @@ class LocalFederation:
 
     # ------------------------------------------------------------ pieces
     def _script(self, name: str) -> str:
-        candidate = Path(sys.executable).parent / name
+        candidate = (self.environment_bin or Path(sys.executable).parent) / name
         return str(candidate) if candidate.exists() else (shutil.which(name) or name)
 
     def _spawn(self, command: list[str], name: str) -> subprocess.Popen:

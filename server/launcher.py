@@ -25,11 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["FlowerRun", "run_flower_app", "format_run_config", "parse_config_value", "quiet_environment",
-           "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP"]
+__all__ = ["FlowerRun", "run_flower_app", "flwr_run_command", "load_run_config_file",
+           "format_run_config", "parse_config_value", "quiet_environment",
+           "resolve_run_config", "app_config_defaults", "check_ray_address", "echo_line", "FEDROUTE_SERVERAPP",
+           "FEDROUTE_SERVERAPPS"]
 
 FEDROUTE_SERVERAPP = "fedroute.server.app:app"
-"""The ServerApp component whose run config :func:`resolve_run_config` validates in full."""
+"""fedroute's ServerApp as an installed package's component (plugin apps, tests)."""
+FEDROUTE_SERVERAPPS = (FEDROUTE_SERVERAPP, "fedroute_app:serverapp")
+"""The ServerApp components whose run config :func:`resolve_run_config` validates in full (the second is
+this repository's own, run from the app's files: ``fedroute_app.py``)."""
 
 # Lines of `flwr run` that carry no information for a fedroute user (each hermetic run makes a fresh
 # FLWR_HOME and installs the app into it; Flower 1.42 warns about its default federation size even when
@@ -68,8 +73,8 @@ class FlowerRun:
         return self.status == "finished:completed"
 
 
-def _flwr_executable() -> str:
-    candidate = Path(sys.executable).parent / "flwr"
+def _flwr_executable(environment_bin: Optional[Path] = None) -> str:
+    candidate = (environment_bin or Path(sys.executable).parent) / "flwr"
     return str(candidate) if candidate.exists() else (shutil.which("flwr") or "flwr")
 
 
@@ -159,7 +164,7 @@ def resolve_run_config(app_dir: str | Path, run_config: Mapping[str, Any]) -> di
                          f"allowed keys: {', '.join(sorted(defaults))}")
     overrides = parse_config_args([format_run_config(run_config)]) if run_config else {}
     resolved = fuse_dicts(defaults, overrides)
-    if app.get("components", {}).get("serverapp") == FEDROUTE_SERVERAPP:
+    if app.get("components", {}).get("serverapp") in FEDROUTE_SERVERAPPS:
         from fedroute.server.run_config import parse_run_config
 
         parse_run_config(resolved)
@@ -189,8 +194,12 @@ def check_ray_address(address: str, timeout: float = 10.0) -> str:
     return address
 
 
-def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None) -> dict[str, str]:
+def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None,
+                      environment_bin: Optional[Path] = None) -> dict[str, str]:
     """The environment of a hermetic run: own FLWR_HOME and ports, quiet and offline.
+
+    ``environment_bin``: the ``bin/`` of another Python environment whose Flower executables run the
+    processes (first on ``PATH``, no inherited ``PYTHONPATH``); this interpreter's by default.
 
     Without ``ray_address`` the simulation starts a private local Ray (its own
     ``RAY_TMPDIR``; an inherited ``RAY_ADDRESS`` is dropped).  With it, Flower's
@@ -201,7 +210,11 @@ def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None) -> dic
     environment.update(QUIET_ENVIRONMENT)
     environment["FLWR_HOME"] = str(flwr_home)
     # flwr starts `flower-superlink` by name: make this interpreter's scripts findable.
-    environment["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), environment.get("PATH", "")])
+    environment["PATH"] = os.pathsep.join([str(environment_bin or Path(sys.executable).parent),
+                                           environment.get("PATH", "")])
+    if environment_bin is not None:
+        environment.pop("PYTHONPATH", None)
+        environment["VIRTUAL_ENV"] = str(Path(environment_bin).parent)
     environment["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(_free_port())
     environment["FLWR_LOCAL_CONTROL_API_PORT"] = str(_free_port())
     if ray_address:
@@ -258,15 +271,68 @@ def _run_status(flwr: str, run_id: int, environment: dict[str, str]) -> str:
         return "unknown"
 
 
+def load_run_config_file(path: str | Path) -> dict[str, Any]:
+    """The overrides of a run-config file (``conf/<experiment>.toml``), read as ``flwr run --run-config FILE`` does.
+
+    Raises
+    ------
+    ValueError
+        For a path that is not an existing ``.toml`` file, or TOML that does not parse (naming the file).
+    """
+    from flwr.common.config import parse_config_args
+
+    path = Path(path)
+    if path.suffix != ".toml" or not path.is_file():
+        raise ValueError(f"run-config file {str(path)!r} is not an existing .toml file")
+    try:
+        return parse_config_args([str(path)])
+    except Exception as error:  # tomli.TOMLDecodeError, UnicodeDecodeError
+        raise ValueError(f"run-config file {str(path)!r} does not parse: {error}") from None
+
+
+def flwr_run_command(flwr: str, app_dir: str | Path, run_config: Mapping[str, Any], num_supernodes: Optional[int],
+                     cpus_per_client: float = 1.0, run_config_file: Optional[Path] = None) -> list[str]:
+    """``flwr run APP --stream`` with the federation size (none: Flower's default federation) and the run config
+    (a file, or key=value overrides)."""
+    command = [flwr, "run", str(app_dir), "--stream"]
+    if num_supernodes is not None:
+        command += ["--federation-config",
+                    f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+    if run_config_file is not None:
+        command += ["--run-config", str(run_config_file)]
+    elif run_config:
+        command += ["--run-config", format_run_config(run_config)]
+    return command
+
+
+def _follow(process: subprocess.Popen, lines: list[str], started: float, timeout: float, stream: bool) -> None:
+    """Collect (and with ``stream`` echo) ``flwr run``'s output until it ends, or kill it ``timeout`` s after
+    ``started``."""
+    assert process.stdout is not None
+    deadline = started + timeout
+    for line in process.stdout:
+        lines.append(line)
+        if stream and echo_line(line):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        if time.monotonic() > deadline:
+            process.kill()
+            lines.append(f"fedroute: run stopped after {timeout} s\n")
+            break
+    process.wait(timeout=30)
+
+
 def run_flower_app(
     app_dir: str | Path,
     run_config: Mapping[str, Any],
-    num_supernodes: int,
+    num_supernodes: Optional[int],
     timeout: float = 1800.0,
     flwr_home: Optional[Path] = None,
     stream: bool = False,
     cpus_per_client: float = 1.0,
     ray_address: Optional[str] = None,
+    run_config_file: Optional[str | Path] = None,
+    environment_bin: Optional[str | Path] = None,
 ) -> FlowerRun:
     """``flwr run <app_dir> --stream`` in a local Ray simulation, then clean up.
 
@@ -276,8 +342,12 @@ def run_flower_app(
         The Flower app (a directory with ``pyproject.toml``).
     run_config : mapping
         Run-config overrides (keys must exist in ``[tool.flwr.app.config]``).
-    num_supernodes : int
-        Simulated SuperNodes (one client each).
+    num_supernodes : int or None
+        Simulated SuperNodes (one client each); ``None``: Flower's default federation (2).
+    run_config_file : path, optional
+        ``--run-config FILE`` (``conf/<experiment>.toml``) instead of ``run_config`` (then empty).
+    environment_bin : path, optional
+        Run ``flwr`` and what it starts from this Python environment's ``bin/`` (:func:`quiet_environment`).
     timeout : float
         Seconds before the run is stopped.
     flwr_home : Path, optional
@@ -287,11 +357,8 @@ def run_flower_app(
     cpus_per_client : float
         Ray CPUs per simulated client.
     ray_address : str, optional
-        Run the simulation on this existing Ray cluster (``host:port`` of its
-        head, as ``ray start --head`` prints it) instead of a private local Ray.
-        Every node of the cluster needs the same Python environment (fedroute,
-        Flower and the app's dependencies) and, for an app outside the
-        installed package, the app's files at the same path.
+        Run the simulation on this existing Ray cluster (``host:port`` of its head) instead of a
+        private local Ray; every node of it needs the same Python environment.
 
     Returns
     -------
@@ -302,38 +369,28 @@ def run_flower_app(
     ValueError
         If the run config is invalid (:func:`resolve_run_config`): nothing is started.
     """
-    resolve_run_config(app_dir, run_config)
+    if run_config_file is not None and run_config:
+        raise ValueError("flwr run takes a run-config file or key=value overrides, not both; merge them "
+                         "(`fedroute flower --run-config FILE KEY=VALUE` does)")
+    file = Path(run_config_file).resolve() if run_config_file is not None else None
+    resolve_run_config(app_dir, load_run_config_file(file) if file is not None else run_config)
     home = Path(flwr_home) if flwr_home else Path(tempfile.mkdtemp(prefix="fedroute-flwr-home-"))
     home.mkdir(parents=True, exist_ok=True)
-    environment = quiet_environment(home, ray_address)
-    flwr = _flwr_executable()
-    command = [flwr, "run", str(app_dir), "--stream",
-               "--federation-config", f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
-    if run_config:
-        command += ["--run-config", format_run_config(run_config)]
+    bin_dir = Path(environment_bin).resolve() if environment_bin is not None else None
+    environment = quiet_environment(home, ray_address, bin_dir)
+    command = flwr_run_command(_flwr_executable(bin_dir), app_dir, run_config, num_supernodes, cpus_per_client,
+                               file)
     started = time.monotonic()
-    lines: list[str] = []
+    process, lines = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, bufsize=1), []
     run_id: Optional[int] = None
     status = "unknown"
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, bufsize=1)
     try:
-        assert process.stdout is not None
-        deadline = started + timeout
-        for line in process.stdout:
-            lines.append(line)
-            if stream and echo_line(line):
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            if time.monotonic() > deadline:
-                process.kill()
-                lines.append(f"fedroute: run stopped after {timeout} s\n")
-                break
-        process.wait(timeout=30)
+        _follow(process, lines, started, timeout, stream)
         match = re.search(r"Successfully started run (\d+)", "".join(lines))
         if match:
             run_id = int(match.group(1))
-            status = _run_status(flwr, run_id, environment)
+            status = _run_status(command[0], run_id, environment)
     finally:
         if process.poll() is None:
             process.kill()

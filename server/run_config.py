@@ -18,12 +18,12 @@ from fedroute.core.methods import METHODS, PRESETS, method_settings
 from fedroute.core.task import Task
 from fedroute.tasks.registry import task_from_config
 
-__all__ = ["RunSettings", "parse_run_config"]
+__all__ = ["RunSettings", "parse_run_config", "explicit_num_clients", "results_directory"]
 
 # Keys that name outputs or the run's length, not its dynamics.
 _NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout",
                  "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval",
-                 "save-round-models"}
+                 "save-round-models", "node-wait-timeout"}
 
 # run-config key → AlarmSettings field.
 _ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
@@ -71,6 +71,13 @@ class RunSettings:
     save_round_models: bool = False
     """Also write every round's cluster models (``round_models.npz``; run-config key
     ``save-round-models``)."""
+    node_wait_timeout: float = 120.0
+    """Seconds to wait for the federation's SuperNodes before round 1 (``node-wait-timeout``)."""
+
+
+def explicit_num_clients(config: Mapping[str, Any]) -> bool:
+    """Whether the run config fixes ``num-clients`` (else ``"auto"``: the federation's size decides)."""
+    return config.get("num-clients", "auto") != "auto"
 
 
 CHECKPOINT_ENVIRONMENT = "FEDROUTE_CHECKPOINT_DIR"
@@ -223,7 +230,7 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
             for key, field in ROUTING_KEYS.items():
                 message = message.replace(f"'{field}'", f"'{key}'")
             raise ValueError(f"run config, method {name!r}: {message}") from None
-    results_dir = _absolute(str(config.get("results-dir", "results")))
+    results_dir = results_directory(config)
     checkpoint_text = str(config.get("checkpoint-dir", ""))
     dynamics = {key: value for key, value in sorted(config.items()) if key not in _NOT_DYNAMICS}
     digest = hashlib.sha256(json.dumps(dynamics, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -250,7 +257,13 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         progress_interval=_number(config, "progress-interval", 0.0, 1e7) if "progress-interval" in config else 5.0,
         influence=influence,
         save_round_models=_boolean(config, "save-round-models") if "save-round-models" in config else False,
+        node_wait_timeout=_number(config, "node-wait-timeout", 1e-3, 1e7) if "node-wait-timeout" in config else 120.0,
     )
+
+
+def results_directory(config: Mapping[str, Any]) -> Path:
+    """Where ``<run-id>/`` goes: run-config ``results-dir``, absolute (:func:`_absolute`)."""
+    return _absolute(str(config.get("results-dir", "results")))
 
 
 def _absolute(text: str) -> Path:

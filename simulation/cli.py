@@ -1,12 +1,4 @@
-"""The ``fedroute`` command line.
-
-``fedroute flower``     run the Flower app (``flwr run .``) hermetically in a Ray simulation
-``fedroute deploy local``  run it on a real SuperLink and SuperNodes on 127.0.0.1
-``fedroute simulate``   run one configuration in the batched simulator and print its summary
-``fedroute reproduce``  run a paper experiment (tables, figures, claims)
-``fedroute monitor``    watch a run's routing (masses, starving clusters, arm mix, alarms) live
-``fedroute certificates``  make the TLS certificates and SuperNode keys of a deployment
-"""
+"""The ``fedroute`` command line (:data:`DESCRIPTION` lists the commands; ``fedroute COMMAND --help``)."""
 
 from __future__ import annotations
 
@@ -15,11 +7,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from fedroute.simulation.workers import AUTO, resolve_workers
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "version_text", "DESCRIPTION"]
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -44,14 +36,18 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _run_config_items(items: list[str]) -> dict:
-    """``KEY=VALUE`` items → run-config values (``ValueError`` for an item without ``=``)."""
-    from fedroute.server.launcher import parse_config_value
+    """``KEY=VALUE`` items and run-config files (``conf/<experiment>.toml``) → run-config values, later items
+    overriding earlier ones (``ValueError`` for an item that is neither)."""
+    from fedroute.server.launcher import load_run_config_file, parse_config_value
 
     values = {}
     for item in items:
+        if "=" not in item and item.endswith(".toml"):
+            values.update(load_run_config_file(item))
+            continue
         key, separator, value = item.partition("=")
         if not separator or not key:
-            raise ValueError(f"--run-config item {item!r} is not KEY=VALUE")
+            raise ValueError(f"--run-config item {item!r} is not KEY=VALUE or a .toml file")
         values[key] = parse_config_value(value)
     return values
 
@@ -217,45 +213,108 @@ def _repository_results_doc() -> Optional[Path]:
     return path if path.is_file() else None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``fedroute``."""
-    from fedroute.simulation.experiments import EXPERIMENTS, PAPER
+DESCRIPTION = """\
+fedroute: clustered federated learning on Flower that recovers from cluster collapse
+(The Dynamics of Collapse and Recovery in Clustered Federated Learning).
 
-    parser = argparse.ArgumentParser(prog="fedroute", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
+  fedroute flower        run the Flower app (flwr run .) hermetically in a local Ray simulation
+  fedroute deploy local  run it on a real SuperLink and SuperNodes on 127.0.0.1
+  fedroute simulate      run one linear-task configuration in the batched simulator
+  fedroute reproduce     run a paper experiment (tables, figures, claims)
+  fedroute monitor       watch a run's routing (masses, starving clusters, arm mix, alarms) live
+  fedroute certificates  make the TLS certificates and SuperNode keys of a deployment
 
-    flower = commands.add_parser("flower", help="run the Flower app in a local Ray simulation")
-    flower.add_argument("--app-dir", default=".", help="the Flower app (this repository)")
-    flower.add_argument("--supernodes", type=int, default=80, help="simulated SuperNodes (= num-clients)")
-    flower.add_argument("--results-dir", default="results", help="where results/<run-id>/ is written")
+Plain Flower works too: flwr run . (docs/quickstart.md)."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (:func:`_wrapped`), an option's default shown where it has a value."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, [], argparse.SUPPRESS) and action.option_strings \
+                and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _wrapped(text: str, width: int = 79) -> str:
+    """``text`` with its prose lines filled to ``width``; indented lines (examples) kept as they are."""
+    import textwrap
+
+    return "\n".join(line if line.startswith(" ") or not line else textwrap.fill(line, width)
+                     for line in text.splitlines())
+
+
+def _command(commands: Any, name: str, summary: str, description: str = "") -> argparse.ArgumentParser:
+    """A sub-command whose ``--help`` opens with ``summary`` (and ``description``)."""
+    return commands.add_parser(name, help=summary, description=_wrapped(f"{summary}.\n\n{description}".strip()),
+                               formatter_class=_HelpFormatter)
+
+
+def version_text() -> str:
+    """``fedroute --version``: fedroute's version, and Flower's and Python's."""
+    import importlib.metadata
+    import platform
+
+    import fedroute
+
+    try:
+        flower = importlib.metadata.version("flwr")
+    except importlib.metadata.PackageNotFoundError:
+        flower = "not installed"
+    return f"fedroute {fedroute.__version__} (Flower {flower}, Python {platform.python_version()})"
+
+
+def _add_flower(commands: Any) -> None:
+    flower = _command(commands, "flower", "run the Flower app in a local Ray simulation (flwr run, hermetic)",
+                      "Runs flwr run APP-DIR with its own FLWR_HOME and ports, no per-run dependency install, one "
+                      "client per simulated SuperNode (num-clients defaults to --supernodes), and checks the run's "
+                      "real status with flwr ls (flwr run itself exits 0 when the ServerApp fails); the local "
+                      "SuperLink is stopped afterwards. Exit code 0 iff the run completed.\n\nExamples:\n"
+                      "  fedroute flower --run-config method=exp3 num-server-rounds=50\n"
+                      "  fedroute flower --supernodes 80 --run-config conf/linear.toml")
+    flower.add_argument("--app-dir", default=".", help="the Flower app (a directory with pyproject.toml)")
+    flower.add_argument("--supernodes", type=int, default=80, help="simulated SuperNodes, one client each")
+    flower.add_argument("--results-dir", default="results", help="where <run-id>/ is written")
     flower.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is stopped")
-    flower.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="run-config overrides, e.g. method=exp3 num-server-rounds=50")
+    flower.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE|FILE.toml",
+                        help="run-config overrides (keys of [tool.flwr.app.config]) and run-config files such as "
+                             "conf/linear.toml; later items override earlier ones")
     flower.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                        help="run the simulation on this existing Ray cluster (its head's address, as `ray start "
-                             "--head` prints it) instead of a private local Ray (docs/performance.md)")
+                        help="run the simulation on this existing Ray cluster (its head's address, as ray start "
+                             "--head prints it) instead of a private local Ray (docs/performance.md)")
     flower.set_defaults(handler=_flower)
 
-    deploy = commands.add_parser("deploy", help="run the Flower app on real SuperLink/SuperNode processes")
-    local = deploy.add_subparsers(dest="action", required=True).add_parser(
-        "local", help="a SuperLink and N SuperNodes on 127.0.0.1 (docs/deployment.md)")
-    local.add_argument("--supernodes", type=int, required=True, help="SuperNodes to start (= num-clients)")
+
+def _add_deploy(commands: Any) -> None:
+    deploy = _command(commands, "deploy", "run the Flower app on real SuperLink and SuperNode processes",
+                      "docs/deployment.md has the commands for other machines and Docker Compose.")
+    local = _command(deploy.add_subparsers(dest="action", required=True, metavar="{local}"), "local",
+                     "a SuperLink and N SuperNodes on 127.0.0.1",
+                     "Starts flower-superlink and N flower-supernode processes (SuperNode i with node config "
+                     "partition-id=i num-partitions=N), runs the app on them with flwr run, checks its status with "
+                     "flwr ls and stops every process it started. Exit code 0 iff the run completed.")
+    local.add_argument("--supernodes", type=int, required=True, help="SuperNodes to start, one client each")
     local.add_argument("--tls", action="store_true", help="TLS with a private CA made for this deployment")
-    local.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides")
-    local.add_argument("--results-dir", default="results", help="where results/<run-id>/ is written")
-    local.add_argument("--state-dir", default=None, help="persistent client state (node config state-dir)")
+    local.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE|FILE.toml",
+                       help="run-config overrides and run-config files, as for fedroute flower")
+    local.add_argument("--results-dir", default="results", help="where <run-id>/ is written")
+    local.add_argument("--state-dir", default=None,
+                       help="persistent client state: SuperNode i gets node config state-dir=STATE_DIR/supernode-i")
     local.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is stopped")
-    local.add_argument("--app-dir", default=".", help="the Flower app (this repository)")
+    local.add_argument("--app-dir", default=".", help="the Flower app (a directory with pyproject.toml)")
     local.set_defaults(handler=_deploy)
 
-    certificates = commands.add_parser(
-        "certificates", help="TLS certificates (private CA + SuperLink) and SuperNode key pairs",
-        description="Make a private CA (ca.key, ca.crt), the SuperLink certificate (server.key, server.pem; "
-                    "SAN DNS:superlink, DNS:localhost, IP:127.0.0.1 and every --san) and, with --node-keys N, "
-                    "N SuperNode key pairs in OpenSSH format (supernode-keys/supernode-<i>{,.pub}). "
-                    "Existing files are kept unless --force. Needs no openssl/ssh-keygen (docs/deployment.md).")
-    certificates.add_argument("--out", default="certificates", help="output directory (default: certificates/)")
+
+def _add_certificates(commands: Any) -> None:
+    certificates = _command(
+        commands, "certificates", "make TLS certificates (private CA + SuperLink) and SuperNode key pairs",
+        "Makes a private CA (ca.key, ca.crt), the SuperLink certificate (server.key, server.pem; SAN DNS:superlink, "
+        "DNS:localhost, IP:127.0.0.1 and every --san) and, with --node-keys N, N SuperNode key pairs in OpenSSH "
+        "format (supernode-keys/supernode-<i>{,.pub}). Existing files are kept unless --force. Needs no openssl or "
+        "ssh-keygen (docs/deployment.md).")
+    certificates.add_argument("--out", default="certificates", help="output directory")
     certificates.add_argument("--days", type=int, default=365, help="validity of new certificates in days")
     certificates.add_argument("--san", action="append", default=[], metavar="DNS:name|IP:address",
                               help="an extra subject alternative name of the SuperLink (repeatable)")
@@ -263,23 +322,32 @@ def build_parser() -> argparse.ArgumentParser:
     certificates.add_argument("--force", action="store_true", help="remake the CA and the server certificate")
     certificates.set_defaults(handler=_certificates)
 
-    sim = commands.add_parser("simulate", help="one linear-task configuration in the batched simulator")
-    sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry", "fedcam"))
-    sim.add_argument("--rounds", type=int, default=100)
-    sim.add_argument("--num-clients", type=int, default=80)
-    sim.add_argument("--init", default="collapsed", choices=("collapsed", "spread", "copies"))
-    sim.add_argument("--init-spread", type=float, default=3.0)
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
-                     help="further run-config keys, as for `fedroute flower` (e.g. starvation-rounds=5)")
+
+def _add_simulate(commands: Any) -> None:
+    sim = _command(commands, "simulate", "one linear-task configuration in the batched simulator",
+                   "Runs the same dynamics as the Flower app (the same random draws: identical routes) in one "
+                   "process, in well under a second, and prints every method's summary as JSON.")
+    sim.add_argument("--method", default="all", choices=("all", "greedy", "exp3", "sync-entry", "fedcam"),
+                     help="the routing method; all runs Greedy IFCA, EXP3, synchronized entry and FedCAM in turn")
+    sim.add_argument("--rounds", type=int, default=100, help="training rounds T (run-config num-server-rounds)")
+    sim.add_argument("--num-clients", type=int, default=80, help="clients of the two-group linear task")
+    sim.add_argument("--init", default="collapsed", choices=("collapsed", "spread", "copies"),
+                     help="the cluster models' start: collapsed (in the starvation basin), spread (theta_bar + "
+                          "rho z) or copies (K identical copies)")
+    sim.add_argument("--init-spread", type=float, default=3.0, help="rho of the spread start")
+    sim.add_argument("--seed", type=int, default=0, help="data, start and routing seed")
+    sim.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE|FILE.toml",
+                     help="further run-config keys, as for fedroute flower (e.g. starvation-rounds=5)")
     sim.add_argument("--out", default=None, help="write a run directory here (telemetry, alarms, summary.json) "
-                     "that `fedroute monitor` reads")
+                     "that fedroute monitor reads")
     sim.set_defaults(handler=_simulate)
 
-    monitor = commands.add_parser("monitor", help="watch a running or finished run (masses, starvation, arms, alarms)",
-                                  description="Live terminal view of results/<run-id>/ (or a `simulate --out` "
-                                  "directory): per-cluster mass bars, rounds since each cluster was last routed, "
-                                  "the EXP3 arm mix, the routed loss and the alarms, refreshed as rounds land.")
+
+def _add_monitor(commands: Any) -> None:
+    monitor = _command(commands, "monitor", "watch a running or finished run (masses, starvation, arms, alarms)",
+                       "Live terminal view of results/<run-id>/ (or a simulate --out directory): per-cluster mass "
+                       "bars, rounds since each cluster was last routed, the EXP3 arm mix, the routed loss and the "
+                       "alarms, refreshed as rounds land.")
     monitor.add_argument("run_dir", help="the run's results directory (results/<run-id>)")
     monitor.add_argument("--refresh", type=float, default=1.0, help="seconds between refreshes")
     monitor.add_argument("--once", action="store_true", help="print one view and exit")
@@ -292,29 +360,45 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--timeout", type=float, default=None, help="stop following after this many seconds")
     monitor.set_defaults(handler=_monitor)
 
-    reproduce = commands.add_parser("reproduce", help="a paper experiment: tables, figures, claims",
-                                    description="Run an experiment (docs/experiments.md) and write its tables, "
-                                    "figures, claims.json and config.json into OUT/<experiment>[-<config>]; `all` "
-                                    "runs every experiment and named configuration and rewrites the marked tables "
-                                    "of docs/results.md.")
-    reproduce.add_argument("experiment", choices=[*sorted(EXPERIMENTS), "all"])
+
+def _add_reproduce(commands: Any) -> None:
+    from fedroute.simulation.experiments import EXPERIMENTS, PAPER
+
+    reproduce = _command(commands, "reproduce", "a paper experiment: tables, figures, claims",
+                         "Runs an experiment (docs/experiments.md) in the batched simulator and writes its tables, "
+                         "figures, claims.json and config.json into OUT/<experiment>[-<config>]; all runs every "
+                         "experiment and named configuration and rewrites the marked tables of docs/results.md. "
+                         "The Flower path of each experiment is conf/<experiment>.toml (flwr run . --run-config "
+                         "conf/<experiment>.toml).")
+    reproduce.add_argument("experiment", choices=[*sorted(EXPERIMENTS), "all"], help="the experiment, or all")
     reproduce.add_argument("--out", default="results/reproduce", help="output directory")
     reproduce.add_argument("--quick", action="store_true", help="a small version (for tests)")
     named = "; ".join(f"{name}: " + ", ".join(f"{key} ({variant.description})" for key, variant in e.variants.items())
                       for name, e in sorted(EXPERIMENTS.items()) if e.variants)
     reproduce.add_argument("--config", default=PAPER, metavar="NAME",
-                           help=f"a named configuration (default {PAPER}: the paper's; written to "
+                           help=f"a named configuration ({PAPER}: the paper's; others are written to "
                                 f"OUT/<experiment>-<name>)" + (f"; {named}" if named else ""))
     reproduce.add_argument("--workers", default=AUTO, metavar="N", help="processes running chunks of runs (results "
-                           "do not depend on it); default auto: the CPUs this process may use (1 with --quick, "
+                           "do not depend on it); auto: the CPUs this process may use (1 with --quick, "
                            "and for gmm, whose chunks share cached fits)")
-    reproduce.add_argument("--ray-address", default=None, help="an existing Ray cluster")
+    reproduce.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                           help="run the chunks as tasks of this existing Ray cluster")
     reproduce.add_argument("--data-file", default=None, help="housing: local copy of the California Housing table "
                            "(csv, csv.gz, parquet); default $FEDROUTE_HOUSING_FILE, else the real download, "
                            "else (offline) the copy shipped with fedroute")
     reproduce.add_argument("--docs", default=None, metavar="FILE", help="all: the results document whose marked "
                            "tables are rewritten (default: the repository's docs/results.md, not with --quick)")
     reproduce.set_defaults(handler=_reproduce)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``fedroute``."""
+    parser = argparse.ArgumentParser(prog="fedroute", description=DESCRIPTION, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print fedroute's version (and Flower's and Python's) and exit")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_flower, _add_deploy, _add_certificates, _add_simulate, _add_monitor, _add_reproduce):
+        add(commands)
     return parser
 
 

@@ -71,6 +71,39 @@ def test_app(repository: Path, tmp_path: Path):
     return make
 
 
+FLOWER_SCRIPTS = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp",
+                  "flwr-clientapp", "flwr-simulation")
+
+
+@pytest.fixture(scope="session")
+def no_fedroute_bin(tmp_path_factory) -> Path:
+    """``bin/`` of a virtualenv that sees this interpreter's packages (flwr, numpy, pandas, ray …) but where
+    ``import fedroute`` fails (checked here).
+
+    Its ``site-packages`` holds one ``.pth`` line naming this environment's ``site-packages``: that directory
+    joins ``sys.path``, but its own ``.pth`` files (the editable install's finder) are not processed.  Flower's
+    scripts are copied with this environment's interpreter.
+    """
+    import subprocess
+    import sys
+    import sysconfig
+
+    directory = tmp_path_factory.mktemp("no-fedroute") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True, timeout=120)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (directory / "lib" / version / "site-packages" / "shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    bin_dir = directory / "bin"
+    for name in FLOWER_SCRIPTS:
+        source = (Path(sys.executable).parent / name).read_text().splitlines(keepends=True)
+        (bin_dir / name).write_text(f"#!{bin_dir / 'python'}\n" + "".join(source[1:]))
+        (bin_dir / name).chmod(0o755)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    check = subprocess.run([str(bin_dir / "python"), "-c", "import flwr, numpy, pandas, ray\nimport fedroute"],
+                           capture_output=True, text=True, cwd=directory, env=environment, timeout=120)
+    assert "No module named 'fedroute'" in check.stderr, check.stderr  # the others imported first
+    return bin_dir
+
+
 @pytest.fixture(scope="session")
 def reproduced(tmp_path_factory):
     """``reproduced(name, *args)``: the output directory of ``fedroute reproduce NAME --quick *args``, run once per

@@ -27,6 +27,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 GENERATOR = REPOSITORY / "scripts" / "compose-scale.py"
 DOCKERFILE = REPOSITORY / "docker" / "Dockerfile.superexec"
 DEFAULT_SUPERNODES = 4
+HOUSING_SOURCE = "./tasks/data/california_housing.csv.gz"
 SUPERLINK_ADDRESS = "superlink:8000"
 CERTIFICATES = "/app/certificates"
 _DEFAULT = re.compile(r"\$\{(\w+):-([^}]*)\}")
@@ -105,7 +106,8 @@ def check_base_structure(document: dict[str, Any], count: int) -> None:
     serverapp = services["superexec-serverapp"]
     assert serverapp["command"] == ["--insecure", "--runtime-api-address", SUPERLINK_ADDRESS]
     assert serverapp["depends_on"] == {"superlink": {"condition": "service_healthy"}}
-    assert _mounts(serverapp) == {"/app/results": "results", "/app/checkpoints": "checkpoints"}
+    assert _mounts(serverapp) == {"/app/results": "results", "/app/checkpoints": "checkpoints",
+                                  "/app/data/california_housing.csv.gz": HOUSING_SOURCE}
     assert serverapp["environment"]["FEDROUTE_RESULTS_ROOT"] == "/app"
     assert serverapp["environment"]["FEDROUTE_CHECKPOINT_DIR"] == "/app/checkpoints"
     assert set(document["volumes"]) == {"results", "checkpoints", "superlink-state",
@@ -136,7 +138,8 @@ def check_base_structure(document: dict[str, Any], count: int) -> None:
         # The ClientApp executor pairs with its own SuperNode's Runtime API.
         assert clientapp["command"] == ["--insecure", "--runtime-api-address", f"{supernode_name}:{port}"]
         assert clientapp["depends_on"] == {supernode_name: {"condition": "service_healthy"}}
-        assert _mounts(clientapp) == {"/app/state": f"client-state-{index}"}  # the ClientApp writes the state
+        assert _mounts(clientapp) == {"/app/state": f"client-state-{index}",  # the ClientApp writes the state
+                                      "/app/data/california_housing.csv.gz": HOUSING_SOURCE}
     assert len(set(ports)) == count and 8000 not in ports
 
 
@@ -260,7 +263,7 @@ def test_state_survives_restarts_on_volumes(committed: dict[str, Any]) -> None:
     named = set(committed["volumes"])
     for name, service in services.items():
         for source in _mounts(service).values():
-            assert source in named or source.startswith("./certificates/"), (name, source)
+            assert source in named or source.startswith("./certificates/") or source == HOUSING_SOURCE, (name, source)
     assert "/app/checkpoints" in _mounts(services["superexec-serverapp"])
     for index in range(DEFAULT_SUPERNODES):
         assert "state-dir='/app/state'" in _option(services[f"supernode-{index}"]["command"], "--node-config")
@@ -309,41 +312,43 @@ def test_docs_describe_what_is_authenticated() -> None:
 # --------------------------------------------------------------------------- Dockerfile
 
 
-def test_dockerfile_builds_on_flower_142_superexec_with_cpu_torch(tmp_path: Path) -> None:
+def test_dockerfile_installs_the_apps_dependencies_on_flower_142_superexec_with_cpu_torch() -> None:
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG FLWR_VERSION=1\.42\.\d+$", text, re.MULTILINE)
     assert re.search(r"^FROM flwr/superexec:\$\{FLWR_VERSION\}", text, re.MULTILINE)
     assert "https://download.pytorch.org/whl/cpu" in text and "torch==${TORCH_VERSION}" in text
-    assert re.search(r"^ARG TORCH_VERSION=2\.13\.0$", text, re.MULTILINE)
+    assert re.search(r"^ARG TORCH_VERSION=\d+\.\d+\.\d+$", text, re.MULTILINE)
     assert "--find-links /tmp/context/dist" in text  # the local-wheel way
     assert 'ENTRYPOINT ["flower-superexec"]' in text
-    # torch is installed before the project, so `pip install .` finds it satisfied.
-    assert text.index("torch==${TORCH_VERSION}") < text.index("pip install --no-cache-dir .")
+    # torch first, so the requirements find it satisfied; the app's code is not in the image (its FAB brings it).
+    assert text.index("torch==${TORCH_VERSION}") < text.index("pip install --no-cache-dir -r /tmp/requirements.txt")
+    assert "docker/requirements.py /tmp/context/pyproject.toml" in text
+    assert not re.search(r"^(COPY|ADD) ", text, re.MULTILINE)
+    assert '! python -c "import fedroute"' in text
+    ignored = (REPOSITORY / "docker" / "Dockerfile.superexec.dockerignore").read_text().split()
+    assert [line for line in ignored if line.startswith(("*", "!"))] == [
+        "*", "!pyproject.toml", "!docker/requirements.py", "!dist/torch-*.whl"]
 
-    # Every sub-package that pyproject maps is copied into the build.
-    with open(REPOSITORY / "pyproject.toml", "rb") as stream:
-        packages = tomllib.load(stream)["tool"]["setuptools"]["packages"]
-    folders = {name.split(".")[1] for name in packages if name.count(".") >= 1}
-    copied = set(re.findall(r"^COPY --chown=app:app (\w+) /tmp/fedroute/\1$", text, re.MULTILINE))
-    assert folders == copied
-    assert re.search(r"^COPY --chown=app:app pyproject\.toml README\.md \*\.py /tmp/fedroute/$", text, re.MULTILINE)
-    assert not re.search(r"^COPY .*(certificates|results|\s\.\s)", text, re.MULTILINE)
 
-    # The build's pyproject edit keeps the flwr pin but drops the Ray extra.
-    expression = re.search(r"sed -i '([^']+)' pyproject\.toml", text)
-    assert expression is not None
-    copy = tmp_path / "pyproject.toml"
-    shutil.copy(REPOSITORY / "pyproject.toml", copy)
-    subprocess.run(["sed", "-i", expression.group(1), str(copy)], check=True)
-    with open(copy, "rb") as stream:
-        edited = tomllib.load(stream)
+def test_the_images_requirements_are_the_apps_dependencies_without_flower() -> None:
+    spec = importlib.util.spec_from_file_location("requirements", REPOSITORY / "docker" / "requirements.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     with open(REPOSITORY / "pyproject.toml", "rb") as stream:
-        original = tomllib.load(stream)
-    flwr = [dependency for dependency in edited["project"]["dependencies"] if dependency.startswith("flwr")
-            and not dependency.startswith("flwr-")]
-    assert flwr == ["flwr>=1.42,<1.43"]  # the same pin, without the Ray extra
-    assert len(edited["project"]["dependencies"]) == len(original["project"]["dependencies"])
-    assert edited["tool"] == original["tool"]
+        dependencies = tomllib.load(stream)["project"]["dependencies"]
+    requirements = module.app_requirements(str(REPOSITORY / "pyproject.toml"))
+    assert [d for d in dependencies if d not in requirements] == ["flwr[simulation]>=1.42,<1.43"]
+    assert "flwr-datasets>=0.6,<0.7" in requirements and any(d.startswith("torch") for d in requirements)
+
+
+def test_executors_read_the_housing_table_the_fab_does_not_carry(committed: dict[str, Any]) -> None:
+    services = committed["services"]
+    executors = ["superexec-serverapp", *(f"superexec-clientapp-{i}" for i in range(DEFAULT_SUPERNODES))]
+    for name in executors:
+        assert services[name]["environment"]["FEDROUTE_HOUSING_FILE"] == "/app/data/california_housing.csv.gz"
+        assert f"{HOUSING_SOURCE}:/app/data/california_housing.csv.gz:ro" in services[name]["volumes"], name
+    assert (REPOSITORY / HOUSING_SOURCE).is_file()
 
 
 # --------------------------------------------------------------------------- certificates

@@ -21,12 +21,17 @@ from support.deployment import CONFIG, NUM_NODES, home_processes, results_dir
 pytestmark = pytest.mark.process
 
 
-def test_deployment_with_tls_equals_the_ray_simulation(repository: Path, tmp_path: Path) -> None:
-    config = {**CONFIG, "num-server-rounds": 3}
+def test_deployment_with_tls_equals_the_ray_simulation(repository: Path, tmp_path: Path,
+                                                       no_fedroute_bin: Path) -> None:
+    """Both runtimes from an environment where `import fedroute` fails (the FAB carries the app), with
+    num-clients = "auto" (the SuperNodes' num-partitions)."""
+    config = {**CONFIG, "num-clients": "auto", "num-server-rounds": 3}
     simulated = results_dir(run_flower_app(repository, {**config, "results-dir": str(tmp_path / "sim")},
-                                           num_supernodes=NUM_NODES, timeout=300), tmp_path / "sim", tmp_path)
+                                        num_supernodes=NUM_NODES, timeout=300, environment_bin=no_fedroute_bin),
+                         tmp_path / "sim", tmp_path)
     logs = tmp_path / "logs"
-    with LocalFederation(repository, NUM_NODES, tls=True, log_dir=logs) as federation:
+    with LocalFederation(repository, NUM_NODES, tls=True, log_dir=logs,
+                         environment_bin=no_fedroute_bin) as federation:
         connection = (federation.flwr_home / "config.toml").read_text()
         assert f"[superlink.{CONNECTION}]" in connection and "root-certificates" in connection
         assert "insecure" not in connection
@@ -53,6 +58,25 @@ def test_deployment_with_tls_equals_the_ray_simulation(repository: Path, tmp_pat
     assert dep_rounds.routed_1.sum() > 0 and dep_rounds.exp3_weight_spread.iloc[-1] > 0
     summary = json.loads((deployed / "summary.json").read_text())["exp3"]
     assert summary["evaluated_clients"] == NUM_NODES and summary["rejected_replies"] == 0
+    _ran_the_fab_without_an_installed_fedroute(repository, tmp_path, home, no_fedroute_bin, simulated, deployed, logs)
+
+
+def _ran_the_fab_without_an_installed_fedroute(repository: Path, tmp_path: Path, home: Path, bin_dir: Path,
+                                               simulated: Path, deployed: Path, logs: Path) -> None:
+    """Both runs ran the FAB `flwr build` makes (its files, by its hash) in the environment without fedroute."""
+    import hashlib
+
+    from test_fab import _built_fab
+
+    fab_hash = hashlib.sha256(_built_fab(repository, tmp_path / "fab").read_bytes()).hexdigest()
+    for directory in (simulated, deployed):
+        config = json.loads((directory / "config.json").read_text())
+        assert config["python"] == str(bin_dir / "python"), config["python"]
+        assert Path(config["app_files"]).name == f"fedroute.fedroute.0.1.0.{fab_hash[:8]}", config["app_files"]
+        assert config["federation"] == {"num_clients": NUM_NODES, "num_nodes": NUM_NODES, "source": "num-partitions"}
+    assert config["app_files"].startswith(str(home / "apps"))
+    for log in ("superlink", *(f"supernode-{index}" for index in range(NUM_NODES))):
+        assert f"$ {bin_dir}/flower-" in (logs / f"{log}.log").read_text(), log
 
 
 def test_every_process_stops_when_the_body_fails(repository: Path, tmp_path: Path) -> None:

@@ -26,7 +26,9 @@ def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path)
         check=True, capture_output=True, text=True, cwd=tmp_path,
     )
     assert not (target / "fedroute" / "tests").exists() and not (target / "fedroute" / "bench").exists()
-    components = app_components()
+    # The installed package's components (a plugin app names them); the repository's own pyproject names
+    # fedroute_app's, for the FAB (tests/test_fab.py).
+    components = {"serverapp": "fedroute.server.app:app", "clientapp": "fedroute.client.app:app"}
     probe = f"""
 import importlib, sys
 import fedroute

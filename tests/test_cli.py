@@ -1,0 +1,71 @@
+"""The ``fedroute`` command line: help on every command and option, plain text; ``--version``; run-config files."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import fedroute
+from fedroute.simulation.cli import _run_config_items, build_parser
+
+MARKUP = re.compile(r"``|:(mod|func|class|data|meth|attr):`")
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "fedroute"):
+    """Every (sub)parser with its command path."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, f"{path} {name}")
+
+
+def test_every_command_and_option_has_plain_help() -> None:
+    parsers = list(_parsers(build_parser()))
+    assert {path for path, _ in parsers} >= {"fedroute", "fedroute flower", "fedroute deploy", "fedroute deploy local",
+                                            "fedroute simulate", "fedroute reproduce", "fedroute monitor",
+                                            "fedroute certificates"}
+    for path, parser in parsers:
+        assert parser.description, f"{path} has no description"
+        text = parser.format_help()
+        assert not MARKUP.search(text), f"{path} --help shows markup: {MARKUP.search(text).group(0)}"
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                assert all(choice.help for choice in action._choices_actions), path
+            elif action.dest != "help":
+                assert action.help, f"{path}: {action.option_strings or action.dest} has no help text"
+
+
+def test_version_names_the_package_and_flower(repository: Path) -> None:
+    completed = subprocess.run([sys.executable, "-m", "fedroute.simulation.cli", "--version"], capture_output=True,
+                               text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    with open(repository / "pyproject.toml", "rb") as stream:
+        version = tomllib.load(stream)["project"]["version"]
+    assert version == fedroute.__version__
+    assert re.fullmatch(rf"fedroute {re.escape(version)} \(Flower 1\.42\.\d+, Python 3\.\d+\.\d+\)",
+                        completed.stdout.strip()), completed.stdout
+
+
+def test_run_config_files_and_items_merge_in_order(repository: Path) -> None:
+    values = _run_config_items([str(repository / "conf" / "linear.toml"), "num-server-rounds=3", "seed=5"])
+    assert values["method"] == "greedy,exp3,fedcam" and values["init-spread"] == 32.0
+    assert values["num-server-rounds"] == 3 and values["seed"] == 5  # the later items win
+    with pytest.raises(ValueError, match="is not KEY=VALUE or a .toml file"):
+        _run_config_items(["conf/linear"])
+
+
+def test_simulate_runs_a_conf_file_in_the_simulator(repository: Path, capsys: pytest.CaptureFixture) -> None:
+    """The simulator's side of a conf file: `fedroute simulate --run-config conf/fig1.toml`."""
+    from fedroute.simulation.cli import main
+
+    assert main(["simulate", "--run-config", str(repository / "conf" / "fig1.toml"), "num-server-rounds=20",
+                 "num-clients=4"]) == 0
+    summaries = __import__("json").loads(capsys.readouterr().out)
+    assert list(summaries) == ["greedy"] and summaries["greedy"]["rounds_with_two_routed"] == 0
