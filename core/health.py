@@ -15,9 +15,13 @@ presets explore always).  After every round the server reads the federation esti
   using it).  A cluster wanted for ``collapse_patience`` rounds in a row is no longer
   spare and gets its budget back; every spare is reconsidered when clients join the
   federation (new evidence);
+* **re-seeding** (``reseed_empty``) — a collapse sign that no client prefers at all, or a
+  duplicate merged into its twin, gets at the end of the round a copy of the most crowded
+  cluster's model (when that one holds at least two fair shares): its clients split at random
+  between the two copies and train them apart (:func:`reseeding`);
 * **duplicates** (``consolidate_duplicates``) — two clusters that serve the same clients:
-  each one's clients find the other within ``ρ`` of their own model's loss (the median
-  ratio, each side), and no third cluster is within ``ρ`` for them.  The smaller one is
+  for each one's clients the other is at most half as far (in log loss ratio, medians) as
+  the nearest third cluster, which is at least ``ρ`` times worse than their own.  The smaller one is
   merged into the larger — clients skip it in their Greedy choice (unless, for that client,
   the twin is more than ``ρ`` × its best loss) — at once when it is spare already, else once
   the pair has been duplicates for ``duplicate_patience`` rounds in a row (it is then spare).
@@ -46,7 +50,7 @@ from numpy.typing import NDArray
 
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
-__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "update_health", "routing_view"]
+__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "update_health", "routing_view", "reseeding"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ class ClusterHealth:
         Consecutive rounds in which no cluster that is not spare was unwanted.
     settled : ndarray of bool, shape (R,)
         The run has been calm for ``collapse_patience`` rounds in a row once: its start is over.
+    reseeded_from : ndarray of int, shape (R, K)
+        The cluster whose model the server copied into this one after the round (``-1``: none).
+    reseeds : ndarray of int, shape (R, K)
+        Times the cluster was re-seeded (at most :data:`MAX_RESEEDS`; reset when clients join).
     """
 
     unwanted_rounds: NDArray[np.int64]
@@ -82,6 +90,8 @@ class ClusterHealth:
     twin_rounds: NDArray[np.int64]
     calm_rounds: NDArray[np.int64]
     settled: NDArray[np.bool_]
+    reseeded_from: NDArray[np.int64]
+    reseeds: NDArray[np.int64]
 
     @classmethod
     def initial(cls, num_runs: int, num_clusters: int) -> "ClusterHealth":
@@ -89,7 +99,8 @@ class ClusterHealth:
         return cls(unwanted_rounds=zeros, wanted_rounds=zeros.copy(), exploring_rounds=zeros.copy(),
                    spare=np.zeros((num_runs, num_clusters), dtype=bool), known_clients=np.zeros(num_runs, np.int64),
                    twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy(),
-                   calm_rounds=np.zeros(num_runs, np.int64), settled=np.zeros(num_runs, dtype=bool))
+                   calm_rounds=np.zeros(num_runs, np.int64), settled=np.zeros(num_runs, dtype=bool),
+                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy())
 
 
 @dataclass(frozen=True)
@@ -154,25 +165,34 @@ def duplicate_twins(losses: NDArray[np.float64], preferred: NDArray[np.int64], r
 
 def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_clusters: int, ratio: float
                  ) -> list[tuple[float, int, int]]:
-    """``(score, j, k)`` for every pair of clusters that serve the same clients within ``ratio`` (one run)."""
+    """``(score, j, k)`` for every pair of clusters that serve the same clients (one run; module docstring).
+
+    Per side, in log loss ratios over the side's clients (medians): the twin must be at most half as
+    far as the nearest third cluster (``log(ℓ_twin/ℓ_own) ≤ ½ log(ℓ_third/ℓ_own)``), and the third must
+    be far (``ℓ_third ≥ ρ · ℓ_own``).  Relative, because a model trained on half of a group fits its
+    own clients' training data several times better than the other half does (an over-parameterised
+    network memorises its clients), while other groups' models are worse by orders of magnitude.
+    """
     pairs = []
+    logs = np.log(losses)
     for j in range(num_clusters):
-        own_j = losses[preferred == j]
+        own_j = logs[preferred == j]
         if not len(own_j):
             continue
         for k in range(j + 1, num_clusters):
-            own_k = losses[preferred == k]
+            own_k = logs[preferred == k]
             if not len(own_k):
                 continue
-            to_k = float(np.median(own_j[:, k] / own_j[:, j]))
-            to_j = float(np.median(own_k[:, j] / own_k[:, k]))
-            if max(to_k, to_j) > ratio:
-                continue
-            both = np.concatenate([own_j, own_k])
-            others = np.delete(both, [j, k], axis=1).min(axis=1) / np.minimum(both[:, j], both[:, k])
-            if float(np.median(others)) > ratio:                           # no third cluster serves them
-                pairs.append((max(to_k, to_j), j, k))
+            sides = [_side(own_j, j, k), _side(own_k, k, j)]
+            if all(twin <= 0.5 * third and third >= np.log(ratio) for twin, third in sides):
+                pairs.append((max(twin for twin, _ in sides), j, k))
     return pairs
+
+
+def _side(own: NDArray[np.float64], cluster: int, twin: int) -> tuple[float, float]:
+    """Median log ratio of a cluster's clients to the twin and to the nearest third cluster."""
+    third = np.delete(own, [cluster, twin], axis=1).min(axis=1)
+    return float(np.median(own[:, twin] - own[:, cluster])), float(np.median(third - own[:, cluster]))
 
 
 def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], twins: NDArray[np.int64],
@@ -215,16 +235,53 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
     spare = still_spare | merged | (unwanted & (budget >= settings.spare_patience))
     calm = np.where((unwanted & ~spare).any(axis=1), 0, health.calm_rounds + 1)
-    updated = ClusterHealth(unwanted_rounds=streak, wanted_rounds=wanted, exploring_rounds=budget, spare=spare,
-                            known_clients=np.maximum(known_clients, health.known_clients), twin=twins,
-                            twin_rounds=twin_rounds, calm_rounds=calm,
-                            settled=health.settled | (calm >= settings.collapse_patience))
+    reseeds = np.where(joined, 0, health.reseeds)
+    targets = ((sign & (preferred_masses <= 0.0) & ~spare) | merged) & (reseeds < MAX_RESEEDS)
+    source = reseeding(preferred_masses, targets, settings)
+    fresh = source >= 0                                                  # a new model: fresh evidence about it
+    updated = ClusterHealth(unwanted_rounds=np.where(fresh, 0, streak), wanted_rounds=wanted,
+                            exploring_rounds=budget, spare=spare & ~fresh,
+                            known_clients=np.maximum(known_clients, health.known_clients),
+                            twin=np.where(fresh, -1, twins), twin_rounds=np.where(fresh, 0, twin_rounds),
+                            calm_rounds=calm, settled=health.settled | (calm >= settings.collapse_patience),
+                            reseeded_from=source, reseeds=reseeds + fresh)
     if reporting is not None and np.any(silent := np.asarray(reporting) == 0):
         updated = ClusterHealth(**{name: np.where(silent.reshape((-1,) + (1,) * (value.ndim - 1)),
                                                   getattr(health, name), value)
                                    for name, value in ((name, getattr(updated, name))
                                                        for name in ClusterHealth.__dataclass_fields__)})
     return updated, routing_view(updated, settings)
+
+
+def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings
+              ) -> NDArray[np.int64]:
+    """Per run and cluster, the cluster whose model to copy into it (``-1``: none): ``reseed_empty``.
+
+    A target — a collapse sign that no client prefers at all (``p̂_s = 0``), or a duplicate merged
+    into its twin (its clients have the twin) — gets a copy of the most *crowded* cluster's model:
+    one that holds at least two fair shares (``p̂_c ≥ 2/K``, more clients than one group of a
+    federation with ``K`` groups has on average).  The two copies tie for exactly the crowded
+    cluster's clients, who split between them at random (random tie-breaking) and train them apart:
+    the groups that shared a model separate, as k-means re-seeds an empty centroid from its largest
+    cluster.  With more clusters than groups a cluster that serves one group is not crowded, so spare
+    clusters are not re-seeded.  No client loses its model.  One cluster per run and round, the
+    lowest index.
+    """
+    num_runs, num_clusters = preferred_masses.shape
+    source = np.full((num_runs, num_clusters), -1, dtype=np.int64)
+    if not settings.reseed_empty or settings.tie_breaking != "random":
+        return source
+    crowded = preferred_masses.argmax(axis=1)
+    full = preferred_masses.max(axis=1) >= 2.0 / num_clusters - INCLUSIVE_SLACK
+    for run in np.flatnonzero(full):
+        candidates = np.flatnonzero(targets[run] & (np.arange(num_clusters) != crowded[run]))
+        if len(candidates):
+            source[run, int(candidates[0])] = crowded[run]
+    return source
+
+
+MAX_RESEEDS = 2
+"""Re-seeds per cluster (until clients join): a cluster re-seeded twice without a lasting group is left to its budget."""
 
 
 def routing_view(health: ClusterHealth, settings: RoutingSettings) -> RoutingView:

@@ -11,7 +11,8 @@ After a round's replies are in (validated, in client-id order), the server
    (:mod:`fedroute.core.federation`);
 3. weighs the evidence of collapse — unwanted clusters, spares, duplicates — and decides
    what the clients receive next round (:mod:`fedroute.core.health`), when the routing
-   reads it (``explore_on = "collapse"`` or ``consolidate_duplicates``).
+   reads it (``explore_on = "collapse"``, ``consolidate_duplicates`` or ``reseed_empty``);
+   a re-seeded cluster's model is replaced by a copy of its source.
 
 :class:`ServerState` holds everything but the models, in the style of optax's states:
 ``server_init`` makes it, :func:`server_step` maps ``(models, state, replies)`` to the next
@@ -113,13 +114,13 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64, "wanted_rounds": np.int64,
            "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
-           "settled": bool}
+           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
 def reads_health(settings: RoutingSettings) -> bool:
     """Whether the routing reads the server's health report (``explore_on = "collapse"`` or duplicate merges)."""
-    return settings.explores_on_evidence or settings.consolidate_duplicates
+    return settings.explores_on_evidence or settings.consolidate_duplicates or settings.reseed_empty
 
 
 def server_init(federation: FederationState, num_runs: int, num_clusters: int) -> ServerState:
@@ -172,4 +173,19 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                     settings.consolidation_loss_ratio)
         health, view = update_health(state.health, estimate.preferred_masses, twins,
                                      federation.known_clients(num_runs), settings, estimate.reporting)
+        outcome = _reseeded(outcome, health.reseeded_from)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
+
+
+def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64]) -> RoundAggregate:
+    """The round's models with each re-seeded cluster set to a copy of its source (:func:`~fedroute.core.health.reseeding`)."""
+    if not np.any(sources >= 0):
+        return outcome
+    models = np.array(outcome.models, copy=True)
+    batched = models.ndim == 3
+    for run, cluster in zip(*np.nonzero(sources >= 0)):
+        if batched:
+            models[run, cluster] = models[run, sources[run, cluster]]
+        else:
+            models[cluster] = models[sources[run, cluster]]
+    return replace(outcome, models=models)

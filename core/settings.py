@@ -106,6 +106,9 @@ class RoutingSettings:
     duplicate_patience : int
         Rounds (≥ 1) two clusters must stay duplicates before they are merged (at once
         when the smaller one is spare).
+    reseed_empty : bool
+        A collapse sign that no client prefers gets a copy of the most crowded cluster's
+        model (with random tie-breaking; :func:`fedroute.core.health.reseeding`).
     """
 
     num_clusters: int = 2
@@ -134,6 +137,7 @@ class RoutingSettings:
     spare_patience: int = 100
     consolidate_duplicates: bool = False
     duplicate_patience: int = 100
+    reseed_empty: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -147,7 +151,7 @@ class RoutingSettings:
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
-                     "consolidate_duplicates"):
+                     "consolidate_duplicates", "reseed_empty"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,

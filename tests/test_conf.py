@@ -112,6 +112,7 @@ def test_a_bad_run_config_file_is_named(tmp_path: Path) -> None:
         load_run_config_file(tmp_path / "missing.toml")
 
 
+@pytest.mark.process
 def test_conf_fig1_through_flowers_default_federation_equals_the_simulator(
         repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_fedroute_bin: Path) -> None:
     """`flwr run <repo> --run-config conf/fig1.toml`, no federation config: 2 SuperNodes, so 2 clients; from an

@@ -17,6 +17,7 @@ import pytest
 from fedroute.server.deploy import CONNECTION, LocalFederation
 from fedroute.server.launcher import run_flower_app
 from support.deployment import CONFIG, NUM_NODES, home_processes, results_dir
+from support.fab import built_fab
 
 pytestmark = pytest.mark.process
 
@@ -66,9 +67,7 @@ def _ran_the_fab_without_an_installed_fedroute(repository: Path, tmp_path: Path,
     """Both runs ran the FAB `flwr build` makes (its files, by its hash) in the environment without fedroute."""
     import hashlib
 
-    from test_fab import _built_fab
-
-    fab_hash = hashlib.sha256(_built_fab(repository, tmp_path / "fab").read_bytes()).hexdigest()
+    fab_hash = hashlib.sha256(built_fab(repository, tmp_path / "fab").read_bytes()).hexdigest()
     for directory in (simulated, deployed):
         config = json.loads((directory / "config.json").read_text())
         assert config["python"] == str(bin_dir / "python"), config["python"]

@@ -24,20 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from support.fab import built_fab
 
-def _built_fab(repository: Path, directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    flwr = Path(sys.executable).parent / "flwr"
-    completed = subprocess.run([str(flwr), "build", "--app", str(repository)], cwd=directory, capture_output=True,
-                               text=True, timeout=120, env={**os.environ, "FLWR_HOME": str(directory / "home")})
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    (fab,) = directory.glob("*.fab")
-    return fab
+pytestmark = pytest.mark.process  # flwr build, and processes that import the FAB's files
 
 
 @pytest.fixture(scope="module")
 def fab(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _built_fab(repository, tmp_path_factory.mktemp("fab"))
+    return built_fab(repository, tmp_path_factory.mktemp("fab"))
 
 
 def test_the_fab_holds_the_package_and_nothing_else(fab: Path, repository: Path) -> None:

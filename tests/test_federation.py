@@ -27,7 +27,10 @@ from fedroute.server.federation import (
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.tasks.housing import EMBEDDED_TABLE
-from test_security import InProcessGrid, _run_config, _server_main, server_identity  # noqa: F401 (fixture)
+from support.app_config import app_run_config
+from support.grid import InProcessGrid, builtin_handlers, server_main as _server_main
+
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def _reports(*pairs: tuple[Optional[int], Optional[int]]) -> list[NodeReport]:
@@ -66,7 +69,7 @@ class GrowingGrid(InProcessGrid):
 
     def __init__(self, num_nodes: int, run_config: dict[str, Any], connected_at: list[float],
                  drop_num_partitions: bool = False) -> None:
-        super().__init__(num_nodes, run_config)
+        super().__init__(builtin_handlers(), num_nodes, run_config)
         if drop_num_partitions:  # a deployment whose SuperNodes got only --node-config "partition-id=<i>"
             for context in self.contexts.values():
                 context.node_config = {"partition-id": context.node_config["partition-id"]}
@@ -92,20 +95,20 @@ def _discover(grid: GrowingGrid, explicit: Optional[int], wait: float = 10.0):
                                sleep=grid.sleep)
 
 
-def test_auto_waits_for_late_nodes_and_asks_each_node_once(server_identity: Any) -> None:
+def test_auto_waits_for_late_nodes_and_asks_each_node_once() -> None:
     grid = GrowingGrid(3, {}, connected_at=[0.0, 2.0, 4.0])
     federation = _discover(grid, None)
     assert (federation.num_clients, federation.source, len(federation.node_ids)) == (3, "num-partitions", 3)
     assert sorted(grid.queried) == sorted(grid.contexts) and 4.0 <= grid.now < 5.0
 
 
-def test_enough_nodes_for_an_explicit_num_clients_need_no_query(server_identity: Any) -> None:
+def test_enough_nodes_for_an_explicit_num_clients_need_no_query() -> None:
     grid = GrowingGrid(3, {}, connected_at=[0.0, 0.0, 0.0])
     federation = _discover(grid, 3)
     assert (federation.num_clients, federation.source, grid.queried) == (3, "num-clients", [])
 
 
-def test_a_federation_started_for_fewer_nodes_fails_at_once(server_identity: Any) -> None:
+def test_a_federation_started_for_fewer_nodes_fails_at_once() -> None:
     """Before: plain `flwr run .` (2 simulated SuperNodes) waited 120 s for the 80 of num-clients."""
     grid = GrowingGrid(2, {}, connected_at=[0.0, 0.0])
     with pytest.raises(FederationError, match="started for num-partitions = 2"):
@@ -113,7 +116,7 @@ def test_a_federation_started_for_fewer_nodes_fails_at_once(server_identity: Any
     assert grid.now == 0.0  # no waiting
 
 
-def test_missing_nodes_are_named_after_the_wait(server_identity: Any) -> None:
+def test_missing_nodes_are_named_after_the_wait() -> None:
     grid = GrowingGrid(3, {}, connected_at=[0.0, 1.0, 1e9])
     with pytest.raises(FederationError, match=r"only 2 of the run's 3 SuperNodes connected within 10 s \(missing "
                                               r"partition-ids: \[2\]\)"):
@@ -121,13 +124,13 @@ def test_missing_nodes_are_named_after_the_wait(server_identity: Any) -> None:
     assert 10.0 < grid.now < 11.0
 
 
-def test_no_node_at_all(server_identity: Any) -> None:
+def test_no_node_at_all() -> None:
     grid = GrowingGrid(1, {}, connected_at=[1e9])
     with pytest.raises(FederationError, match="no SuperNode connected within 3 s .*'node-wait-timeout'"):
         _discover(grid, None, wait=3.0)
 
 
-def test_a_node_config_without_num_partitions_needs_an_explicit_num_clients(server_identity: Any) -> None:
+def test_a_node_config_without_num_partitions_needs_an_explicit_num_clients() -> None:
     grid = GrowingGrid(2, {}, connected_at=[0.0, 0.0], drop_num_partitions=True)
     with pytest.raises(FederationError, match="no connected SuperNode's node config has one"):
         _discover(grid, None)
@@ -144,12 +147,12 @@ def test_clients_build_their_data_with_the_servers_number_and_their_own_data_fil
 
 
 # ------------------------------------------------------------------ the ServerApp end to end
-def test_auto_runs_with_the_nodes_it_has_and_equals_the_simulator(tmp_path: Path, server_identity: Any) -> None:
+def test_auto_runs_with_the_nodes_it_has_and_equals_the_simulator(tmp_path: Path) -> None:
     """Housing's client data depend on the number of clients (the rows are cut into ``n`` chunks): the clients,
     whose run config says "auto" (the task's 20), must build them for the federation's 4."""
     config = _run_config(tmp_path, **{"task": "housing", "method": "greedy", "num-clients": "auto",
                                       "data-file": str(EMBEDDED_TABLE), "num-server-rounds": 3})
-    _server_main(InProcessGrid(4, config), config)
+    _server_main(InProcessGrid(builtin_handlers(), 4, config), config)
     directory = tmp_path / "results" / "77"
     written = json.loads((directory / "config.json").read_text())
     assert written["federation"] == {"num_clients": 4, "num_nodes": 4, "source": "num-partitions"}
@@ -163,19 +166,17 @@ def test_auto_runs_with_the_nodes_it_has_and_equals_the_simulator(tmp_path: Path
                                history.cluster_models[-1], rtol=0, atol=1e-12)
 
 
-def test_a_task_needing_more_nodes_fails_before_round_one_naming_what_to_start(tmp_path: Path,
-                                                                               server_identity: Any) -> None:
+def test_a_task_needing_more_nodes_fails_before_round_one_naming_what_to_start(tmp_path: Path) -> None:
     config = _run_config(tmp_path, **{"task": "housing", "num-clients": "auto", "data-file": str(EMBEDDED_TABLE)})
     with pytest.raises(FederationError, match=r"the federation has 2 SuperNodes, .*allowed: an integer ≥ 4 .*"
                                               r"start at least 4 SuperNodes \(simulation: flwr run \. "
                                               r"--federation-config \"num-supernodes=4\""):
-        _server_main(InProcessGrid(2, config), config)
+        _server_main(InProcessGrid(builtin_handlers(), 2, config), config)
     status = json.loads((tmp_path / "results" / "77" / "status.json").read_text())
     assert status["state"] == "failed" and "start at least 4 SuperNodes" in status["error"]
 
 
-def test_a_clientapp_running_other_fedroute_files_is_named(server_identity: Any,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_clientapp_running_other_fedroute_files_is_named(                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The stale-SuperLink trap: the Ray workers import an old folder's fedroute; the run stops before round 1."""
     from fedroute.client import app as client
 
@@ -225,3 +226,8 @@ def test_the_outcome_is_pushed_before_the_runtime_environment_is_deleted(monkeyp
         time.sleep(0.1)
     assert not environment.exists()
     assert fix.report_before_cleanup() == 0  # nothing left to take out
+
+
+def _run_config(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    return app_run_config({"num-clients": 3, "num-server-rounds": 2, "results-dir": str(tmp_path / "results"),
+                           "round-timeout": 5.0}, **changes)
