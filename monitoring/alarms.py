@@ -343,8 +343,8 @@ class AlarmMonitor:
             self._state.entrance_checked = True
             tied_for_all = np.all(losses == losses.min(axis=1, keepdims=True), axis=0)
             events += self._check_entrance(round_index, chosen, tied_for_all)
-        events += self._clear_entrance(round_index, chosen)
         spare_now = np.zeros(self.num_clusters, dtype=bool) if spare is None else np.asarray(spare, dtype=bool)
+        events += self._clear_entrance(round_index, chosen, spare_now)
         events += self._check_spares(round_index, spare_now)
         events += self._check_starvation(round_index, routed, spare_now)
         events += self._check_duplication(round_index, losses)
@@ -447,11 +447,14 @@ class AlarmMonitor:
                    f"({preference}){basin}. {self._advice}")
         return [self._raise(round_index, COLLAPSED_ENTRANCE, unattractive, message)]
 
-    def _clear_entrance(self, round_index: int, preferred: set[int]) -> list[AlarmEvent]:
+    def _clear_entrance(self, round_index: int, preferred: set[int],
+                        spare: Optional[NDArray[np.bool_]] = None) -> list[AlarmEvent]:
+        settled = preferred | ({int(k) for k in np.flatnonzero(spare)} if spare is not None else set())
         return [self._clear(alarm, round_index, f"collapsed entrance cleared at round t={round_index}: "
                             f"{_names(alarm.clusters)} {'is' if len(alarm.clusters) == 1 else 'are'} again some "
-                            "client's lowest-loss model")
-                for alarm in self._active(COLLAPSED_ENTRANCE) if set(alarm.clusters) <= preferred]
+                            "client's lowest-loss model" + ("" if set(alarm.clusters) <= preferred
+                                                           else " or spare (not needed)"))
+                for alarm in self._active(COLLAPSED_ENTRANCE) if set(alarm.clusters) <= settled]
 
     def _check_starvation(self, round_index: int, routed: NDArray[np.int64],
                           spare: NDArray[np.bool_]) -> list[AlarmEvent]:

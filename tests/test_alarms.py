@@ -15,6 +15,7 @@ from fedroute.monitoring.alarms import (
     DEAD_FEDERATION,
     DUPLICATION,
     RECOVERY,
+    SPARE,
     STARVATION,
     AlarmMonitor,
     DeadFederation,
@@ -87,6 +88,44 @@ def test_identical_copies_are_named_as_ties_not_as_a_preference() -> None:
     # a real preference (cluster 0 strictly best for one client) keeps the usual wording
     events = AlarmMonitor(3).observe(0, np.array([[1.0, 1.0, 1.0], [1.0, 2.0, 2.0]]), np.array([0, 0]))
     assert "every client prefers cluster 0" in events[0].message
+
+
+def test_a_warm_start_with_random_ties_raises_no_warning() -> None:
+    """Before: K identical copies logged a collapsed entrance and one duplication WARNING per pair (7 at K = 4),
+    one telling the user to start from different models — the start the docs recommend."""
+    monitor = AlarmMonitor(4, random_ties=True)
+    copies = np.tile([[1.0, 1.0, 1.0, 1.0]], (8, 1))
+    preferred = np.arange(8) % 4                                    # the clients' random tie-breaks
+    events = monitor.observe(0, copies, preferred, preferred=preferred)
+    assert all(event.level == logging.INFO for event in events)
+    assert {event.kind for event in events} == {DUPLICATION}
+    assert "identical copies" in events[0].message and "separate" in events[0].message
+    assert "Start them from different models" not in events[0].message
+
+
+def test_a_spare_cluster_raises_no_starvation_warning_and_is_reported_as_spare() -> None:
+    monitor = AlarmMonitor(3, AlarmSettings(starvation_rounds=3), controllers=("gr", "rh"))
+    losses = np.array([[1.0, 3.0, 5.0], [3.0, 1.0, 5.0]])
+    routes = np.array([0, 1])
+    for t in range(3):
+        events = monitor.observe(t, losses, routes, masses=np.array([0.5, 0.5, 0.0]))
+    assert (STARVATION, "raised") in _kinds(events)
+    events = monitor.observe(3, losses, routes, masses=np.array([0.5, 0.5, 0.0]), spare=np.array([False, False, True]))
+    assert _kinds(events) == [(COLLAPSED_ENTRANCE, "cleared"), (SPARE, "raised"), (STARVATION, "cleared"),
+                              (RECOVERY, "raised")]   # every cluster starved before is routed or found spare
+    assert all(event.level == logging.INFO for event in events) and "not needed" in events[1].message
+    for t in range(4, 20):                                          # it stays unrouted: no new warning
+        assert monitor.observe(t, losses, routes, masses=np.array([0.5, 0.5, 0.0]),
+                               spare=np.array([False, False, True])) == []
+    assert [alarm.kind for alarm in monitor.active] == [SPARE]      # INFO, "spare(2)" at the end
+
+
+def test_starvation_reads_the_federation_estimate_not_the_round_sample() -> None:
+    """Partial participation: a cluster whose clients were not sampled is not starving while their routes count."""
+    monitor = AlarmMonitor(2, AlarmSettings(starvation_rounds=2))
+    for t in range(6):
+        events = monitor.observe(t, np.array([[1.0, 2.0]]), np.array([0]), masses=np.array([0.7, 0.3]))
+        assert STARVATION not in {event.kind for event in events}
 
 
 def test_dead_federation_after_n_silent_rounds_names_the_first_reasons() -> None:

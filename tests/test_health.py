@@ -1,97 +1,146 @@
-"""The evidence of collapse: unwanted clusters, exploration budgets, spares and duplicates (fedroute.core.health)."""
+"""The evidence of collapse: the start, unwanted clusters, budgets, spares, duplicates, re-seeding (fedroute.core.health)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedroute.core.agent import AgentState, agent_step
-from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health
-from fedroute.core.methods import method_settings
-from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.federation import FederationState
+from fedroute.core.health import (MAX_RESEEDS, ClusterHealth, RoutingView, duplicate_twins, reseeding, routing_view,
+                                  update_health)
+from fedroute.core.influence import InfluenceBounds
+from fedroute.core.methods import method_settings
+from fedroute.core.participation import Participation
+from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
 
-SETTINGS = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=4)
+SETTINGS = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=4, duplicate_patience=2)
+NO_TWINS = [-1, -1, -1]
 
 
 def _step(health: ClusterHealth, preferred_masses: list[float], known: int = 10,
-          twins: list[int] | None = None) -> tuple[ClusterHealth, RoutingView]:
-    twin = np.array([twins if twins is not None else [-1, -1, -1]], dtype=np.int64)
-    return update_health(health, np.array([preferred_masses]), twin, np.array([known]), SETTINGS)
+          twins: list[int] = NO_TWINS, settings=SETTINGS) -> tuple[ClusterHealth, RoutingView]:
+    return update_health(health, np.array([preferred_masses]), np.array([twins], dtype=np.int64), np.array([known]),
+                         settings)
 
 
-def test_a_cluster_nobody_prefers_turns_exploration_on_after_the_patience_then_becomes_spare() -> None:
+def _settled(masses: list[float] = (0.4, 0.3, 0.3)) -> ClusterHealth:
     health = ClusterHealth.initial(1, 3)
-    explore = []
-    for _ in range(10):
+    for _ in range(3):
+        health, view = _step(health, list(masses))
+    assert not view.explore[0] and health.settled[0]
+    return health
+
+
+def test_the_start_explores_until_the_federation_is_calm_for_the_patience() -> None:
+    health, explore = ClusterHealth.initial(1, 3), []
+    assert routing_view(health, SETTINGS).explore[0]                      # nothing known yet: explore
+    for masses in ([0.6, 0.4, 0.0], [0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.5, 0.3, 0.2], [0.5, 0.3, 0.2]):
+        health, view = _step(health, masses)
+        explore.append(bool(view.explore[0]))
+    assert explore == [True, True, True, False, False]                   # calm for 3 rounds: the start is over
+
+
+def test_a_cluster_nobody_prefers_is_a_collapse_sign_then_spare_when_its_budget_is_spent() -> None:
+    health, explore = _settled(), []
+    for _ in range(9):
         health, view = _step(health, [0.6, 0.4, 0.0])
         explore.append(bool(view.explore[0]))
-    # Unwanted from round 1: a collapse sign from round 3; its 4th round as a sign exhausts the budget: spare.
-    assert explore == [False, False, True, True, True, False, False, False, False, False]
+    # A collapse sign from its 3rd unwanted round; it explores on its account until 4 exploring rounds are spent.
+    assert explore == [False, False, True, True, True, True, False, False, False]
     assert view.spare.tolist() == [[False, False, True]]
-    # Wanted again: no longer spare (and no exploration); unwanted again later: a fresh budget.
-    health, view = _step(health, [0.5, 0.3, 0.2])
-    assert not view.spare.any() and not view.explore[0]
+    # Wanted for the patience: no longer spare, and a fresh budget for a later collapse.
+    for _ in range(3):
+        health, view = _step(health, [0.5, 0.3, 0.2])
+    assert not view.spare.any() and health.exploring_rounds[0, 2] == 0
     for _ in range(3):
         health, view = _step(health, [0.6, 0.4, 0.0])
     assert view.explore[0]
 
 
 def test_clients_joining_reconsider_the_spares() -> None:
-    health = ClusterHealth.initial(1, 3)
+    health = _settled()
     for _ in range(8):
         health, view = _step(health, [0.6, 0.4, 0.0], known=10)
     assert view.spare[0, 2] and not view.explore[0]
-    health, view = _step(health, [0.6, 0.4, 0.0], known=12)       # two clients joined: new evidence
-    assert not view.spare[0, 2]
-    for _ in range(3):
-        health, view = _step(health, [0.6, 0.4, 0.0], known=12)
-    assert view.explore[0]
+    health, view = _step(health, [0.6, 0.4, 0.0], known=12)              # two clients joined: new evidence
+    assert not view.spare[0, 2] and view.explore[0]
 
 
-def test_a_small_real_group_is_no_collapse_sign_unless_it_is_below_the_threshold() -> None:
-    health = ClusterHealth.initial(1, 3)
-    for _ in range(10):                                             # 0.2 > 0.4 / 3: wanted
+def test_a_small_real_group_above_the_threshold_is_no_collapse_sign() -> None:
+    health = _settled()
+    for _ in range(10):                                                   # 0.2 > 0.4 / 3: wanted
         health, view = _step(health, [0.5, 0.3, 0.2])
     assert not view.explore[0] and not view.spare.any()
 
 
-def test_duplicates_are_merged_only_after_the_patience_or_once_spare() -> None:
-    health = ClusterHealth.initial(1, 3)
-    merged = []
-    for _ in range(5):
+def test_duplicates_are_merged_after_their_patience_and_at_once_when_spare() -> None:
+    health, merged = _settled(), []
+    for _ in range(3):
         health, view = _step(health, [0.5, 0.3, 0.2], twins=[-1, -1, 1])
         merged.append(int(view.merged_into[0, 2]))
-    assert merged == [-1, -1, -1, 1, 1] and view.spare[0, 2]
-    # A new twin restarts the count; a twin that disappears is no longer merged.
-    health, view = _step(health, [0.5, 0.3, 0.2], twins=[-1, -1, -1])
-    assert view.merged_into[0, 2] == -1
+    assert merged == [-1, 1, 1]                                           # twins for 2 rounds in a row: merged
+    health, view = _step(health, [0.5, 0.3, 0.2], twins=NO_TWINS)
+    assert view.merged_into[0, 2] == -1                                   # no longer twins: not merged
+    spare = ClusterHealth(**{**vars(health), "spare": np.array([[False, False, True]])})
+    _, view = _step(spare, [0.5, 0.3, 0.2], twins=[-1, -1, 1])
+    assert view.merged_into[0, 2] == 1                                    # a spare duplicate: at once
 
 
-def _losses_of_groups(own: float, cross: float, groups: list[int], models: list[int]) -> np.ndarray:
-    """Clients of group ``g`` have loss ``own`` on the models of their group, ``cross`` on the others."""
+def _group_losses(own: float, twin: float, cross: float, groups: list[int], models: list[int]) -> np.ndarray:
     return np.array([[own if models[k] == g else cross for k in range(len(models))] for g in groups])
 
 
-def test_a_group_split_over_two_clusters_is_a_duplicate_pair_and_a_noisy_minority_is_not() -> None:
-    # Clusters 0 and 1 both serve group 0 (a split), cluster 2 serves group 1.
+def test_duplicate_twins_are_two_halves_of_a_group_not_a_noisy_minority_nor_warm_copies() -> None:
+    # Group 0 split over clusters 0 and 1; each half's model fits its own clients 5x better than the other half's
+    # (an over-parameterised model memorises its clients), other groups' models are 150x worse.
     groups = [0] * 6 + [1] * 6
-    losses = _losses_of_groups(0.3, 3.0, groups, models=[0, 0, 1])
-    losses[3:6, 1] = 0.25                                          # half of group 0 prefers cluster 1
+    losses = np.array([[0.02, 0.1, 3.0]] * 3 + [[0.1, 0.02, 3.0]] * 3 + [[4.0, 4.0, 0.05]] * 6)
     preferred = losses.argmin(axis=1)
     masses = np.bincount(preferred, minlength=3)[None] / len(groups)
     twins = duplicate_twins(losses, preferred, np.zeros(12, np.int64), masses, 1, 2.0)
-    assert twins.tolist() == [[-1, 0, -1]] or twins.tolist() == [[1, -1, -1]]
-    # A noisy minority on cluster 2 finds the majority's cluster 0 only 1.5× worse, but the majority finds the
-    # minority's model far worse: no duplicate.
+    assert twins.tolist() in ([[-1, 0, -1]], [[1, -1, -1]])
+    # A noisy minority on cluster 2 finds the majority's cluster 0 only 1.5x worse, but the majority finds the
+    # minority's model as far as any other: no twins.
     losses = np.array([[0.3, 3.0, 4.0]] * 8 + [[1.5, 3.0, 1.0]] * 2)
     preferred = losses.argmin(axis=1)
     masses = np.bincount(preferred, minlength=3)[None] / 10
     assert (duplicate_twins(losses, preferred, np.zeros(10, np.int64), masses, 1, 2.0) == -1).all()
-    # Identical copies (a warm start): every cluster is as good for everyone, so no third cluster is far.
-    losses = np.full((9, 3), 1.0)
-    preferred = np.arange(9) % 3
-    masses = np.full((1, 3), 1 / 3)
-    assert (duplicate_twins(losses, preferred, np.zeros(9, np.int64), masses, 1, 2.0) == -1).all()
+    # Identical copies (a warm start): no third cluster is far.
+    assert (duplicate_twins(np.full((9, 3), 1.0), np.arange(9) % 3, np.zeros(9, np.int64), np.full((1, 3), 1 / 3),
+                            1, 2.0) == -1).all()
+
+
+def test_an_empty_collapse_sign_is_reseeded_from_a_cluster_holding_two_fair_shares() -> None:
+    settings = method_settings("exp3", num_clusters=4)
+    signs = np.array([[False, False, False, True]])
+    np.testing.assert_array_equal(reseeding(np.array([[0.5, 0.25, 0.25, 0.0]]), signs, settings), [[-1, -1, -1, 0]])
+    # One group per cluster but for a spare (K > G): no cluster holds two fair shares, nothing is copied.
+    np.testing.assert_array_equal(reseeding(np.array([[0.34, 0.33, 0.33, 0.0]]), signs, settings), [[-1] * 4])
+    # Lowest-index ties (the paper presets) would give the copy nobody: no re-seeding.
+    lowest = method_settings("exp3", num_clusters=4, tie_breaking="lowest")
+    np.testing.assert_array_equal(reseeding(np.array([[0.5, 0.25, 0.25, 0.0]]), signs, lowest), [[-1] * 4])
+
+
+def test_reseeding_is_bounded_per_cluster() -> None:
+    settings = method_settings("exp3", num_clusters=3, collapse_patience=1, spare_patience=100)
+    health, seeded = _settled([0.4, 0.3, 0.3]), 0
+    for _ in range(12):
+        health, _ = _step(health, [0.7, 0.3, 0.0], settings=settings)
+        seeded += int(health.reseeded_from[0, 2] == 0)
+    assert seeded == MAX_RESEEDS
+
+
+def test_the_server_step_copies_the_crowded_model_into_the_reseeded_cluster() -> None:
+    settings = method_settings("exp3", num_clusters=3, collapse_patience=1)
+    state = server_init(FederationState.of_clients(np.arange(4), 3), 1, 3)
+    state = ServerState(federation=state.federation, estimate=None, health=_settled(), view=None)
+    models = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    replies = RoundReplies(rows=np.arange(4), routes=np.array([0, 0, 0, 1]), preferred=np.array([0, 0, 0, 1]),
+                           num_examples=np.ones(4), losses=np.tile([0.1, 0.5, 2.0], (4, 1)),
+                           trained_models=np.array([[1.5, 1.5]] * 3 + [[2.5, 2.5]]))
+    outcome, state = server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds())
+    np.testing.assert_array_equal(outcome.models, [[1.5, 1.5], [2.5, 2.5], [1.5, 1.5]])   # cluster 2 := cluster 0
+    assert state.health.reseeded_from[0].tolist() == [-1, -1, 0]
 
 
 def test_without_evidence_of_collapse_clients_are_greedy_and_with_it_they_run_exp3() -> None:
@@ -99,26 +148,27 @@ def test_without_evidence_of_collapse_clients_are_greedy_and_with_it_they_run_ex
     state = AgentState.initial(4, settings)
     losses = np.array([[1.0, 2.0]] * 4)
     ids = np.arange(4)
-    calm = RoutingView(explore=np.zeros(4, bool), merged_into=np.full((4, 2), -1), spare=np.zeros((4, 2), bool))
-    _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0, view=calm)
+
+    def view(explore: list[bool]) -> RoutingView:
+        return RoutingView(explore=np.array(explore), merged_into=np.full((4, 2), -1), spare=np.zeros((4, 2), bool))
+
+    _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0, view=view([False] * 4))
     assert (decision.routes == 0).all() and (decision.arm == -1).all()
     _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0, view=None)
-    assert (decision.arm == -1).all()                               # no report yet: no exploration
-    alarmed = RoutingView(explore=np.ones(4, bool), merged_into=np.full((4, 2), -1), spare=np.zeros((4, 2), bool))
-    _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0, view=alarmed)
+    assert (decision.arm >= 0).all()                                # no report yet: the start explores
+    _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0, view=view([True] * 4))
     assert (decision.arm >= 0).all()                                # block start: every client draws an arm
     # One run exploring, one calm (batched runs): each client follows its own run's view.
-    mixed = RoutingView(explore=np.array([True, True, False, False]), merged_into=np.full((4, 2), -1),
-                        spare=np.zeros((4, 2), bool))
-    _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0, view=mixed)
+    _, decision = agent_step(state, settings, losses, np.array([1.0, 0.0]), 0, ids, 0,
+                             view=view([True, True, False, False]))
     assert (decision.arm[:2] >= 0).all() and (decision.arm[2:] == -1).all()
 
 
 def test_a_merged_duplicate_is_skipped_by_greedy_unless_the_twin_is_far_for_that_client() -> None:
     settings = method_settings("exp3", num_clusters=3)
     state = AgentState.initial(2, settings)
-    losses = np.array([[0.5, 0.4, 3.0],                             # cluster 1 best, its twin 0 within 2×: skips 1
-                       [2.0, 0.4, 3.0]])                            # twin 0 is 5× worse for this client: stays
+    losses = np.array([[0.5, 0.4, 3.0],                             # cluster 1 best, its twin 0 within 2x: skips 1
+                       [2.0, 0.4, 3.0]])                            # twin 0 is 5x worse for this client: stays
     view = RoutingView(explore=np.zeros(2, bool), merged_into=np.array([[-1, 0, -1]] * 2),
                        spare=np.array([[False, True, False]] * 2))
     _, decision = agent_step(state, settings, losses, None, 3, np.arange(2), 0, view=view)
@@ -132,5 +182,6 @@ def test_the_server_state_survives_json() -> None:
     health, view = _step(ClusterHealth.initial(1, 3), [0.6, 0.4, 0.0])
     stored = ServerState(federation=state.federation, estimate=None, health=health, view=view)
     restored = ServerState.from_json(stored.to_json())
-    np.testing.assert_array_equal(restored.health.unwanted_rounds, health.unwanted_rounds)
+    for name in ClusterHealth.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(restored.health, name), getattr(health, name), err_msg=name)
     assert routing_view(restored.health, SETTINGS).explore.tolist() == view.explore.tolist()
