@@ -250,7 +250,8 @@ def agent_step(
         greedy_choice = ctl.consolidating_greedy_routes(losses, view.merged_into >= 0, tie_uniforms,
                                                         settings.consolidation_loss_ratio)
     if settings.explores_on_evidence:
-        exploring = np.ones(num_clients, dtype=bool) if view is None else np.asarray(view.explore, dtype=bool)
+        exploring = np.full(num_clients, settings.explore_at_start) if view is None \
+            else np.asarray(view.explore, dtype=bool)
         if not exploring.all():
             return _explore_where(state, settings, losses, previous_masses, round_index, client_ids, seed,
                                   benefit_fn, num_rounds, view, exploring, greedy_choice, preferred)

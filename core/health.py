@@ -288,5 +288,5 @@ def routing_view(health: ClusterHealth, settings: RoutingSettings) -> RoutingVie
     """What the clients receive from a health state: exploration on or off, the merged duplicates, the spares."""
     sign = health.unwanted_rounds >= settings.collapse_patience
     merged = (health.twin >= 0) & (health.spare | (health.twin_rounds >= settings.duplicate_patience))
-    explore = ~health.settled | (sign & ~health.spare).any(axis=1)
+    explore = (~health.settled & settings.explore_at_start) | (sign & ~health.spare).any(axis=1)
     return RoutingView(explore=explore, merged_into=np.where(merged, health.twin, -1), spare=health.spare)
