@@ -288,14 +288,15 @@ def generic_run(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def test_generic_default_flower_and_simulator_agree(generic_run: Path, repository: Path) -> None:
-    """Random ties, the synchronized-entry block start and the exploitation phase take the same code path in
-    both runtimes: identical routes every round and equal models, from K identical copies."""
+    """Random ties, the synchronized-entry block start and exploration on evidence (the server's health
+    broadcast) take the same code path in both runtimes: identical routes every round and equal models, from
+    K identical copies."""
     settings = app_settings(GENERIC_CONFIG)
     routes = pd.read_csv(generic_run / "routes.csv")
     models = np.load(generic_run / "cluster_models.npz")
     for method in ("exp3", "sync-entry"):
         routing = settings.routing[method]
-        assert routing.tie_breaking == "random" and routing.exploitation_fraction > 0 and routing.block_length == BLOCK
+        assert routing.tie_breaking == "random" and routing.explore_on == "collapse" and routing.block_length == BLOCK
         history = simulate(settings.task, routing, NUM_ROUNDS, settings.seed)
         table = routes[routes.method == method].pivot(index="round_index", columns="client_id", values="cluster")
         np.testing.assert_array_equal(table.to_numpy(), history.routes, err_msg=method)

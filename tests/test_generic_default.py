@@ -27,10 +27,11 @@ GR, RH = CONTROLLER_INDEX["gr"], CONTROLLER_INDEX["rh"]
 def test_generic_default_is_not_a_paper_preset():
     exp3 = method_settings("exp3", num_clusters=4)
     assert exp3.num_clusters == 4 and exp3.controllers == ("gr", "rh") and exp3.exp3_mode == "block"
-    assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == GENERIC_DEFAULTS["exploitation_fraction"] > 0
+    assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == 0.0 and exp3.explore_on == "collapse"
+    assert exp3.explore_at_start and exp3.consolidate_duplicates and exp3.reseed_empty
     assert exp3.mass_threshold_unit == "fair-share" and exp3.mass_threshold_inclusive
     assert exp3.entry_max_candidates == GENERIC_DEFAULTS["entry_max_candidates"] > 0
-    assert exp3.exploitation_consolidates and exp3.consolidation_loss_ratio == 2.0
+    assert exp3.consolidation_loss_ratio == 2.0
     sync = method_settings("sync-entry", num_clusters=4)
     assert sync.synchronized_entry and sync.controllers == exp3.controllers
     greedy = method_settings("greedy", num_clusters=4)
@@ -264,7 +265,7 @@ def test_run_config_new_routing_keys_are_validated_naming_the_key():
     assert (exp3.tie_breaking, exp3.exploitation_fraction, exp3.mass_threshold_inclusive, exp3.underused_mass,
             exp3.entry_max_candidates, exp3.exploitation_consolidates, exp3.consolidation_loss_ratio
             ) == ("lowest", 0.25, False, 0.3, 0, False, 3.0)
-    assert parse_run_config(app_run_config(preset="generic")).routing["exp3"].exploitation_consolidates
+    assert parse_run_config(app_run_config(preset="generic")).routing["exp3"].consolidate_duplicates
     for key, value in [("preset", "mnist"), ("exploitation-fraction", 1.0), ("mass-threshold-inclusive", "yes"),
                        ("exploitation-consolidates", "yes"), ("exploitation-consolidates", 1),
                        ("consolidation-loss-ratio", 0.5),
@@ -286,6 +287,7 @@ def test_strategy_refuses_an_exploitation_phase_without_the_number_of_rounds():
             return [1, 2]
 
     models = [{"weights": np.zeros(3)} for _ in range(2)]
-    strategy = ClusteredRouting(method_settings("exp3", num_clusters=2), min_available_nodes=2)
+    strategy = ClusteredRouting(method_settings("exp3", num_clusters=2, exploitation_fraction=0.25),
+                                min_available_nodes=2)
     with pytest.raises(ValueError, match="num_rounds=T"):
         strategy.configure_train(1, pack_cluster_models(models), ConfigRecord(), Grid())

@@ -417,12 +417,15 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "paper-linear": {"preset": "linear"},
     "paper-characters": {"preset": "characters"},
     "greedy-random-ties": {"controllers": ("gr",)},
-    "no-exploitation": {"exploitation_fraction": 0.0},
-    "exploit-0.3": {"exploitation_fraction": 0.3},
+    "exploit-0.5": {"explore_on": "always", "exploitation_fraction": 0.5, "exploitation_consolidates": True,
+                    "consolidate_duplicates": False, "reseed_empty": False},
+    "always-explore": {"explore_on": "always"},
     "default": {},
-    "exploit-0.7": {"exploitation_fraction": 0.7},
-    "no-consolidation": {"exploitation_consolidates": False},
-    "no-guard": {"consolidation_loss_ratio": float("inf")},
+    "no-start-exploration": {"explore_at_start": False},
+    "no-duplicates": {"consolidate_duplicates": False},
+    "no-reseed": {"reseed_empty": False},
+    "patience-5": {"collapse_patience": 5},
+    "patience-20": {"collapse_patience": 20},
 }
 """``--config study``: EXP3 variants compared on the development seeds (``method_settings("exp3", **v)``;
 ``preset`` selects a paper configuration)."""
