@@ -51,7 +51,7 @@ from fedroute.server.results import summary_table, write_results, write_status
 from fedroute.server.run_config import RunSettings, explicit_num_clients, parse_run_config, results_directory
 from fedroute.tasks.registry import task_from_config
 from fedroute.simulation.summary import run_summary
-from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.clustered import ClusteredRouting, evaluation_values
 from fedroute.strategies.fedcam import FedCAM
 from fedroute.strategies.records import array_record
 
@@ -90,6 +90,9 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         starvation_basin=task_starvation_basin(settings.task, routing.num_clusters),
         progress_interval=settings.progress_interval,
         influence=settings.influence,
+        evaluate_every=settings.evaluate_every,
+        fraction_evaluate=settings.fraction_evaluate,
+        min_evaluate_nodes=min(settings.min_evaluate_nodes, num_clients),
     )
 
 
@@ -135,6 +138,7 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
     # start() raised DeadFederation if the final evaluation brought no valid reply
+    values, _ = evaluation_values(evaluation)
     summary = run_summary(
         final,
         np.stack([reply.train_losses for reply in evaluation]),
@@ -142,6 +146,7 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
         np.array([reply.group for reply in evaluation]),
         route_counts,
         getattr(settings.task, "group_parameters", None),
+        metric_values={name: table for name, table in values.items() if name != "test_loss"},
     )
     summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
     rounds_run = settings.num_rounds - strategy.resumed_from_round

@@ -23,7 +23,8 @@ __all__ = ["RunSettings", "parse_run_config", "explicit_num_clients", "results_d
 # Keys that name outputs or the run's length, not its dynamics.
 _NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout",
                  "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval",
-                 "save-round-models", "node-wait-timeout"}
+                 "save-round-models", "node-wait-timeout", "evaluate-every", "fraction-evaluate",
+                 "min-evaluate-nodes"}
 
 # run-config key → AlarmSettings field.
 _ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
@@ -73,6 +74,12 @@ class RunSettings:
     ``save-round-models``)."""
     node_wait_timeout: float = 120.0
     """Seconds to wait for the federation's SuperNodes before round 1 (``node-wait-timeout``)."""
+    evaluate_every: int = 0
+    """Evaluate the clients after every ``evaluate-every``-th round (0: only the final evaluation)."""
+    fraction_evaluate: float = 1.0
+    """Share of the nodes an evaluation during training asks (``fraction-evaluate``, as in ``FedAvg``)."""
+    min_evaluate_nodes: int = 2
+    """The fewest nodes an evaluation during training asks (``min-evaluate-nodes``)."""
 
 
 def explicit_num_clients(config: Mapping[str, Any]) -> bool:
@@ -258,7 +265,23 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         influence=influence,
         save_round_models=_boolean(config, "save-round-models") if "save-round-models" in config else False,
         node_wait_timeout=_number(config, "node-wait-timeout", 1e-3, 1e7) if "node-wait-timeout" in config else 120.0,
+        evaluate_every=_evaluate_every(config, num_rounds),
+        fraction_evaluate=_number(config, "fraction-evaluate", 0.0, 1.0) if "fraction-evaluate" in config else 1.0,
+        min_evaluate_nodes=_integer(config, "min-evaluate-nodes", 0, MAX_NODES) if "min-evaluate-nodes" in config
+        else 2,
     )
+
+
+def _evaluate_every(config: Mapping[str, Any], num_rounds: int) -> int:
+    """``evaluate-every``: 0 (only the final evaluation) or a number of rounds in ``[1, num-server-rounds]``."""
+    if "evaluate-every" not in config:
+        return 0
+    value = config["evaluate-every"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= num_rounds:
+        raise ValueError(f"run-config 'evaluate-every' = {_shown(value)} is invalid; allowed: 0 (only the final "
+                         f"evaluation) or an integer in [1, num-server-rounds = {num_rounds}] (evaluate the clients "
+                         "after every that many rounds), e.g. --run-config 'evaluate-every=5'")
+    return value
 
 
 def results_directory(config: Mapping[str, Any]) -> Path:

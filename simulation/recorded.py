@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from fedroute.core.evaluation import evaluation_metrics, task_metrics
 from fedroute.core.participation import Participation
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.recorder import RunRecorder
@@ -24,7 +25,21 @@ from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import recording, simulate
 from fedroute.simulation.summary import run_summary
 
-__all__ = ["simulate_run"]
+__all__ = ["simulate_run", "record_evaluations"]
+
+
+def record_evaluations(recorder: RunRecorder, clients: Any, cluster_models: np.ndarray, every: int) -> None:
+    """The evaluations during training of a simulated run (every client, after every ``every``-th round
+    before the last), as the Flower strategy records them (``evaluation.csv``, TensorBoard, log).
+
+    ``cluster_models`` is ``W^0 … W^T``, shape (T+1, K, P).
+    """
+    num_rounds = len(cluster_models) - 1
+    for server_round in range(every, num_rounds, every) if every else ():
+        models = cluster_models[server_round]
+        recorder.evaluation(server_round, evaluation_metrics(
+            {"test_loss": clients.losses(models, "test"), **task_metrics(clients, models)},
+            clients.losses(models, "train"), clients.groups))
 
 
 def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progress: bool = False) -> dict[str, Any]:
@@ -78,11 +93,15 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
                                                                settings.report_memory),
                                    influence=settings.influence)
                 final, routes = history.cluster_models[-1], history.routes
+                record_evaluations(recorder, clients, history.cluster_models, settings.evaluate_every)
+            summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
+                                            clients.groups, np.stack([np.bincount(r[r >= 0],
+                                                                      minlength=routing.num_clusters)
+                                                                      for r in routes]),
+                                            getattr(task, "group_parameters", None), task_metrics(clients, final))
+            recorder.evaluation(settings.num_rounds, summaries[method]["evaluation_metrics"])
         finally:
             recorder.close()
-        counts = np.stack([np.bincount(r[r >= 0], minlength=routing.num_clusters) for r in routes])
-        summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
-                                        clients.groups, counts, getattr(task, "group_parameters", None))
         summaries[method].update(rounds=settings.num_rounds, **recorder.summary())
         if directory is not None:
             atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2))
