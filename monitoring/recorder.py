@@ -73,6 +73,8 @@ class RunRecorder:
         Where alarms and progress go.
     random_ties : bool
         Whether the clients break exact ties at random (identical copies are then no collapse).
+    table_width : int, optional
+        Per-cluster columns of the telemetry tables when methods of several ``K`` share them (≥ ``K``).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class RunRecorder:
         progress_interval: Optional[float] = 5.0,
         logger: logging.Logger = logging.getLogger("fedroute"),
         random_ties: bool = False,
+        table_width: Optional[int] = None,
     ) -> None:
         self.label = label
         self.num_clusters = int(num_clusters)
@@ -96,7 +99,7 @@ class RunRecorder:
         self.num_rounds = int(num_rounds)
         self.alarms = AlarmMonitor(num_clusters, alarm_settings, starvation_basin, controllers, random_ties)
         self.telemetry_dir = Path(telemetry_dir) if telemetry_dir is not None else None
-        self.telemetry = TelemetryWriter(self.telemetry_dir, num_clusters) if self.telemetry_dir else None
+        self.telemetry = TelemetryWriter(self.telemetry_dir, num_clusters, table_width) if self.telemetry_dir else None
         self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir is not None else None
         self._tensorboard: Any = None
         self.progress_interval = progress_interval

@@ -53,6 +53,7 @@ from fedroute.tasks.registry import task_from_config
 from fedroute.simulation.summary import run_summary
 from fedroute.strategies.clustered import ClusteredRouting, evaluation_values
 from fedroute.strategies.fedcam import FedCAM
+from fedroute.strategies.local import LocalTraining
 from fedroute.strategies.records import array_record
 
 __all__ = ["app", "make_strategy", "run_method", "federation_settings"]
@@ -69,8 +70,11 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
     if method == "fedcam":  # Θ_glob^0: the task's zero-output start
         initial = settings.task.initial_models(routing.num_clusters)
         fedcam["initial_global_arrays"] = {"weights": initial_global_model(settings.task, initial)}
-    strategy_class = FedCAM if method == "fedcam" else ClusteredRouting
-    return strategy_class(
+    strategy_class = {"fedcam": FedCAM, "local": LocalTraining}.get(method, ClusteredRouting)
+    if method == "local" and settings.checkpoint_dir is not None:
+        logger.warning("method local keeps one model per client and does not checkpoint them: it restarts "
+                       "from round 1 if the run is resumed")
+    strategy = strategy_class(  # type: ignore[operator]
         routing,
         **fedcam,
         fraction_train=settings.fraction_train,
@@ -82,7 +86,7 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         client_config={protocol.TASK_NUM_CLIENTS: num_clients},
         seed=settings.seed,
         run_key=f"{method}-{settings.run_digest}",
-        checkpoint_dir=None if settings.checkpoint_dir is None else settings.checkpoint_dir / method,
+        checkpoint_dir=None if settings.checkpoint_dir is None or method == "local" else settings.checkpoint_dir / method,
         label=method,
         telemetry_dir=directory,
         tensorboard_dir=directory / "tensorboard" / method if settings.tensorboard else None,
@@ -94,6 +98,8 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         fraction_evaluate=settings.fraction_evaluate,
         min_evaluate_nodes=min(settings.min_evaluate_nodes, num_clients),
     )
+    strategy.telemetry_width = max(routing.num_clusters for routing in settings.routing.values())
+    return strategy
 
 
 def evaluated_models(strategy: ClusteredRouting, task: Any) -> list[dict[str, np.ndarray]]:
@@ -145,7 +151,7 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
         np.stack([reply.test_losses for reply in evaluation]),
         np.array([reply.group for reply in evaluation]),
         route_counts,
-        getattr(settings.task, "group_parameters", None),
+        None if method == "local" else getattr(settings.task, "group_parameters", None),  # R_T: of shared models
         metric_values={name: table for name, table in values.items() if name != "test_loss"},
     )
     summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
@@ -209,6 +215,9 @@ def _record_method(method: str, strategy: ClusteredRouting, settings: RunSetting
         models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
     if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
         models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
+    if isinstance(strategy, LocalTraining):
+        for client, model in strategy.client_models.items():
+            models[f"{method}/client-{client}"] = protocol.flatten_arrays(model)
 
 
 def _save_round_models(directory: Path, method: str, kept: dict[int, list[np.ndarray]],

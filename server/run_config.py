@@ -13,8 +13,9 @@ from typing import Any, Mapping, Optional
 
 from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
+from fedroute.core.aggregation import SERVER_UPDATES
 from fedroute.core.influence import AGGREGATION_RULES, InfluenceBounds
-from fedroute.core.methods import METHODS, PRESETS, method_settings
+from fedroute.core.methods import ALL_METHODS, METHODS, PRESETS, method_settings
 from fedroute.core.task import Task
 from fedroute.tasks.registry import task_from_config
 
@@ -25,6 +26,9 @@ _NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir",
                  "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval",
                  "save-round-models", "node-wait-timeout", "evaluate-every", "fraction-evaluate",
                  "min-evaluate-nodes"}
+
+# Settings whose default value leaves the digest of the runs before they existed unchanged.
+_DIGEST_NEUTRAL = {("server-update", "average")}
 
 # run-config key → AlarmSettings field.
 _ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
@@ -154,8 +158,12 @@ def _influence(config: Mapping[str, Any]) -> InfluenceBounds:
     if rule not in AGGREGATION_RULES:
         raise ValueError(f"run-config 'aggregation' = {_shown(rule)} is invalid; allowed: {AGGREGATION_RULES}")
     beta = _number(config, "trim-fraction", 0.0, 0.49) if "trim-fraction" in config else defaults.trim_fraction
+    update = str(config.get("server-update", defaults.server_update))
+    if update not in SERVER_UPDATES:
+        raise ValueError(f"run-config 'server-update' = {_shown(update)} is invalid; allowed: {SERVER_UPDATES} "
+                         "(\"average\": the paper's model averaging; \"ifca-gradient\": IFCA's gradient step)")
     return InfluenceBounds(max_weight_ratio=ratio, max_update_norm=norm or None, aggregation=rule,
-                           trim_fraction=beta)
+                           trim_fraction=beta, server_update=update)
 
 
 def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -214,9 +222,10 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     """
     method = str(config.get("method", "all"))
     methods = METHODS if method == "all" else tuple(part.strip() for part in method.split(","))
-    if not methods or any(name not in METHODS for name in methods) or len(set(methods)) != len(methods):
-        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all', one of {METHODS} "
-                         "or several of them, comma-separated and distinct (e.g. 'greedy,exp3')")
+    if not methods or any(name not in ALL_METHODS for name in methods) or len(set(methods)) != len(methods):
+        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all' ({', '.join(METHODS)}), "
+                         f"one of {ALL_METHODS} or several of them, comma-separated and distinct "
+                         "(e.g. 'greedy,exp3,fedavg,local')")
     # Run-level numbers first: their errors name their key before a task sees them.
     num_rounds = _integer(config, "num-server-rounds", 1, MAX_ROUNDS) if "num-server-rounds" in config else 80
     seed = _integer(config, "seed", 0, MAX_SEED) if "seed" in config else 0
@@ -239,7 +248,8 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
             raise ValueError(f"run config, method {name!r}: {message}") from None
     results_dir = results_directory(config)
     checkpoint_text = str(config.get("checkpoint-dir", ""))
-    dynamics = {key: value for key, value in sorted(config.items()) if key not in _NOT_DYNAMICS}
+    dynamics = {key: value for key, value in sorted(config.items())
+                if key not in _NOT_DYNAMICS and (key, value) not in _DIGEST_NEUTRAL}
     digest = hashlib.sha256(json.dumps(dynamics, sort_keys=True, default=str).encode()).hexdigest()[:12]
     checkpoint_dir = _absolute(checkpoint_text) if checkpoint_text else None
     if checkpoint_dir is None and os.environ.get(CHECKPOINT_ENVIRONMENT):

@@ -80,7 +80,8 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
             tensorboard_dir=directory / "tensorboard" / method if directory is not None and settings.tensorboard
             else None,
             progress_interval=settings.progress_interval if progress else None,
-            random_ties=routing.tie_breaking == "random")
+            random_ties=routing.tie_breaking == "random",
+            table_width=max(other.num_clusters for other in settings.routing.values()))
         recorder.start()
         try:
             if method == "fedcam":

@@ -261,6 +261,9 @@ class ClusteredRouting(Strategy):
         self.server_evaluation: dict[int, dict[int, MetricRecord]] = {}
         """Server round (0 = initial models) → cluster → what ``evaluate_fn`` returned for that cluster's model."""
         self.recorder: Optional[RunRecorder] = None
+        self.telemetry_width: Optional[int] = None
+        """Per-cluster columns of ``rounds.csv``/``clients.csv`` when methods of several ``K`` share them
+        (the ServerApp sets the run's largest ``K``); ``None``: this strategy's ``K``."""
         self.influence = influence if influence is not None else InfluenceBounds()
         self.rejections = RejectionLog()
         self.bindings = ClientBindings()
@@ -316,7 +319,7 @@ class ClusteredRouting(Strategy):
                 alarm_settings=self.alarm_settings, starvation_basin=self.starvation_basin,
                 telemetry_dir=self.telemetry_dir, tensorboard_dir=self.tensorboard_dir,
                 progress_interval=self.progress_interval, logger=logger,
-                random_ties=self.routing.tie_breaking == "random")
+                random_ties=self.routing.tie_breaking == "random", table_width=self.telemetry_width)
         return self.recorder
 
     def summary(self) -> None:
