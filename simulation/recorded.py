@@ -22,7 +22,7 @@ from fedroute.monitoring.recorder import RunRecorder
 from fedroute.server.results import atomic_write_text, write_status
 from fedroute.server.run_config import RunSettings
 from fedroute.simulation.fedcam import simulate_fedcam_batch
-from fedroute.simulation.simulator import recording, simulate
+from fedroute.simulation.simulator import recording, simulate, simulate_local
 from fedroute.simulation.summary import run_summary
 
 __all__ = ["simulate_run", "record_evaluations"]
@@ -40,6 +40,32 @@ def record_evaluations(recorder: RunRecorder, clients: Any, cluster_models: np.n
         recorder.evaluation(server_round, evaluation_metrics(
             {"test_loss": clients.losses(models, "test"), **task_metrics(clients, models)},
             clients.losses(models, "train"), clients.groups))
+
+
+def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder: RunRecorder) -> dict[str, Any]:
+    """One method in the simulator, its rounds and evaluations during training recorded; its summary."""
+    task, routing = settings.task, settings.routing[method]
+    if method == "local":  # each client's own model: scored as a set of one model per client
+        per_client = simulate_local(task, settings.num_rounds)[:, :, None, :]
+        record_evaluations(recorder, clients, per_client, settings.evaluate_every)
+        final = per_client[-1]
+        return run_summary(final.mean(axis=0), clients.losses(final, "train"), clients.losses(final, "test"),
+                           clients.groups, np.full((settings.num_rounds, 1), task.num_clients), None,
+                           task_metrics(clients, final))
+    if method == "fedcam":
+        batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
+                                      on_round=recording(recorder))
+        final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
+    else:
+        history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder),
+                           participation=Participation(settings.fraction_train, settings.min_train_nodes,
+                                                       settings.report_memory),
+                           influence=settings.influence)
+        final, routes = history.cluster_models[-1], history.routes
+        record_evaluations(recorder, clients, history.cluster_models, settings.evaluate_every)
+    counts = np.stack([np.bincount(r[r >= 0], minlength=routing.num_clusters) for r in routes])
+    return run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"), clients.groups, counts,
+                       getattr(task, "group_parameters", None), task_metrics(clients, final))
 
 
 def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progress: bool = False) -> dict[str, Any]:
@@ -84,22 +110,7 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
             table_width=max(other.num_clusters for other in settings.routing.values()))
         recorder.start()
         try:
-            if method == "fedcam":
-                batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
-                                              on_round=recording(recorder))
-                final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
-            else:
-                history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder),
-                                   participation=Participation(settings.fraction_train, settings.min_train_nodes,
-                                                               settings.report_memory),
-                                   influence=settings.influence)
-                final, routes = history.cluster_models[-1], history.routes
-                record_evaluations(recorder, clients, history.cluster_models, settings.evaluate_every)
-            summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
-                                            clients.groups, np.stack([np.bincount(r[r >= 0],
-                                                                      minlength=routing.num_clusters)
-                                                                      for r in routes]),
-                                            getattr(task, "group_parameters", None), task_metrics(clients, final))
+            summaries[method] = _simulated_method(settings, method, clients, recorder)
             recorder.evaluation(settings.num_rounds, summaries[method]["evaluation_metrics"])
         finally:
             recorder.close()

@@ -38,7 +38,7 @@ def run_summary(
     route_counts : ndarray of int, shape (T, K)
         Clients routed to each cluster per round.
     group_parameters : ndarray, shape (G, P), optional
-        ``θ_g`` where the task has them (linear): adds ``R_T`` and ``recovered``.
+        ``θ_g`` where the task has them (linear): adds ``R_T`` and ``recovered`` (when ``G ≤ K``).
     metric_values : mapping of str to ndarray, shape (n, K), optional
         Further held-out metrics of every final model on every client (e.g. ``accuracy``).
 
@@ -62,7 +62,7 @@ def run_summary(
         "evaluation_metrics": evaluation_metrics({"test_loss": test_losses, **dict(metric_values or {})},
                                                  train_losses, groups),
     }
-    if group_parameters is not None:
+    if group_parameters is not None and len(group_parameters) <= num_clusters:  # R_T maps groups to clusters
         error = float(metrics.recovery_error(cluster_models, group_parameters))
         summary["recovery_error"] = error
         summary["recovered"] = bool(error < RECOVERY_THRESHOLD)
