@@ -66,6 +66,15 @@ def test_reference_methods_and_ifca_gradient_agree_between_flower_and_the_simula
     assert simulated["local"]["evaluation_metrics"]["test_loss"] < simulated["fedavg"]["evaluation_metrics"]["test_loss"]
     rows = (tmp_path / str(SERVER_RUN_ID) / "evaluation.csv").read_text().splitlines()
     assert {line.split(",")[1] for line in rows[1:]} == {"2", "4"}  # round 2 during training, 4 the final
+    # the monitor reads K = 1 rows out of the run's K = 2 tables and shows the latest evaluation
+    from rich.console import Console
+
+    from fedroute.monitoring.monitor import load_run, render
+
+    console = Console(width=140, record=True)
+    console.print(render(load_run(tmp_path / str(SERVER_RUN_ID)), "fedavg"))
+    shown = console.export_text()
+    assert "evaluation (round 4)  test_loss" in shown and "      1  " not in shown  # no second cluster row
 
 
 def test_method_settings_and_local_strategy_refuse_what_does_not_fit() -> None:
