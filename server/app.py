@@ -10,7 +10,8 @@ Every message tells the clients the chosen number, so that their data and the
 server's agree.
 
 With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
-FedCAM baseline in turn on the same nodes (each with its own client-state namespace), prints a
+FedCAM baseline (named in the list, also the references ``fedavg``, ``K = 1``, and ``local``,
+:class:`~fedroute.strategies.local.LocalTraining`) in turn on the same nodes (each with its own client-state namespace), prints a
 per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
 ``status.json`` at once, the telemetry tables and alarm events round by round,
 ``summary.json``, the final models and routes as soon as each method ends
