@@ -32,6 +32,9 @@ GLOBAL_MODEL = "global-model"
 METRICS = "metrics"
 TRAIN_METRICS = "train-metrics"
 """Optional MetricRecord of a ``TRAIN`` reply: what the user's ``train_fn`` returned (numbers or lists)."""
+EVALUATE_METRICS = "evaluate-metrics"
+"""Optional MetricRecord of an ``EVALUATE`` reply: metric name → its value for each of the ``K`` models
+(a list of ``K`` numbers: the user's ``metrics_fn``, or a task's accuracy)."""
 CLUSTER_PREFIX = "cluster-"
 
 # Config keys (server → client).
