@@ -16,12 +16,13 @@ __all__ = ["main", "build_parser", "version_text", "DESCRIPTION"]
 
 def _simulate(args: argparse.Namespace) -> int:
     from fedroute.server.run_config import parse_run_config
-    from fedroute.simulation.recorded import simulate_run
+    from fedroute.simulation.recorded import check_simulable, simulate_run
 
     config = {"method": args.method, "task": "linear", "num-clients": args.num_clients, "init": args.init,
               "init-spread": args.init_spread, "seed": args.seed, "num-server-rounds": args.rounds}
     try:
         settings = parse_run_config({**config, **_run_config_items(args.run_config)})
+        check_simulable(settings)
     except ValueError as error:
         print(f"fedroute: {error}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import recording, simulate, simulate_local
 from fedroute.simulation.summary import run_summary
 
-__all__ = ["simulate_run", "record_evaluations"]
+__all__ = ["simulate_run", "check_simulable", "record_evaluations", "FULL_PARTICIPATION_METHODS"]
 
 
 def record_evaluations(recorder: RunRecorder, clients: Any, cluster_models: np.ndarray, every: int) -> None:
@@ -68,14 +68,27 @@ def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder
                        getattr(task, "group_parameters", None), task_metrics(clients, final))
 
 
+FULL_PARTICIPATION_METHODS = ("fedcam", "local")
+"""Methods whose simulator path has every client in every round."""
+
+
+def check_simulable(settings: RunSettings) -> None:
+    """``ValueError`` (naming the keys and the fix) for a run the simulator cannot replay."""
+    full_only = [method for method in settings.methods if method in FULL_PARTICIPATION_METHODS]
+    if settings.fraction_train < 1.0 and full_only:
+        raise ValueError(f"fraction-train = {settings.fraction_train} with method {', '.join(full_only)}: the "
+                         f"simulator runs {' and '.join(FULL_PARTICIPATION_METHODS)} with every client every round; "
+                         "allowed: fraction-train = 1.0 for them (run them separately, or drop them from 'method')")
+
+
 def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progress: bool = False) -> dict[str, Any]:
     """Simulate every method of ``settings``; return the summaries (alarms included).
 
     Parameters
     ----------
     settings : RunSettings
-        From :func:`~fedroute.server.run_config.parse_run_config` (every client
-        takes part in every round: ``fraction_train`` must be 1).
+        From :func:`~fedroute.server.run_config.parse_run_config` (``fraction_train < 1``:
+        the round's clients are drawn from the seed, as in the Flower runtime).
     directory : Path, optional
         Write the run directory here.
     progress : bool
@@ -86,10 +99,8 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
     dict
         Method → summary (as in ``summary.json``).
     """
-    if settings.fraction_train != 1.0:
-        raise ValueError(f"fraction-train = {settings.fraction_train}: the simulator runs every client every round; "
-                         "allowed: 1.0")
     task, methods = settings.task, list(settings.methods)
+    check_simulable(settings)
     clients = task.clients(np.arange(task.num_clients))
     plan = {"methods": methods, "num_rounds": settings.num_rounds,
             "num_clusters": {method: settings.routing[method].num_clusters for method in methods}}

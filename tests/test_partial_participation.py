@@ -159,3 +159,24 @@ def test_flower_equals_the_simulator_and_node_ids_do_not_matter(method: str) -> 
 def test_without_a_query_handler_the_run_stops_naming_it() -> None:
     with pytest.raises(RuntimeError, match=r"@app\.query\(\) returning fedroute\.routing_query"):
         _flower_run(_run_config(method="exp3"), "exp3", node_seed=0, query_handler=False)
+
+
+def test_the_simulator_command_replays_partial_participation_and_refuses_what_it_cannot(tmp_path) -> None:
+    """``fedroute simulate`` with ``fraction-train < 1``: the round's sample from the seed (4 of 16), the
+    collapsed start left without start exploration (re-seeding); FedCAM and Local are refused by name."""
+    import pandas as pd
+
+    from fedroute.simulation.recorded import check_simulable, simulate_run
+
+    settings = parse_run_config(app_run_config(**{"method": "exp3", "preset": "generic", "num-clients": 16,
+                                                  "num-server-rounds": 30, "seed": 5, "fraction-train": 0.25}))
+    simulate_run(settings, tmp_path)
+    rounds = pd.read_csv(tmp_path / "rounds.csv")
+    assert (rounds[["routed_0", "routed_1"]].sum(axis=1) == 4).all()
+    assert (rounds["arm_rh"] == 0).all()                       # partial participation: the start does not explore
+    assert (rounds.loc[rounds.round_index < 10, "routed_1"] == 0).all()       # the collapsed start, kept by Greedy
+    assert rounds.loc[rounds.round_index >= 10, "routed_1"].sum() > 0        # … until cluster 1 is re-seeded
+    for method in ("fedcam", "local"):
+        refused = parse_run_config(app_run_config(**{"method": method, "fraction-train": 0.25}))
+        with pytest.raises(ValueError, match=f"fraction-train = 0.25 with method {method}"):
+            check_simulable(refused)
