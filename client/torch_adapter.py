@@ -231,6 +231,10 @@ class TorchClient:
     test_loss_fn : callable, optional
         ``test_loss_fn(model) -> float`` on held-out data; ``losses(..., "test")``
         falls back to ``loss_fn`` without it.
+    batched : bool, default True
+        Score the ``K`` models in one ``torch.func.vmap`` pass when the loss function
+        offers it (a :class:`~fedroute.client.batched_losses.DataLoss`) and the module
+        allows it; otherwise (and with ``False``) one pass per model.
     """
 
     def __init__(
@@ -243,6 +247,7 @@ class TorchClient:
         client_id: int = 0,
         group: int = -1,
         test_loss_fn: Optional[LossFunction] = None,
+        batched: bool = True,
     ) -> None:
         if isinstance(num_examples, bool) or not float(num_examples) > 0:
             raise ValueError(f"num_examples = {num_examples!r} is invalid; allowed: a number > 0")
@@ -252,6 +257,7 @@ class TorchClient:
         self.loss_fn = loss_fn
         self.train_fn = train_fn
         self.test_loss_fn = test_loss_fn
+        self.batched = bool(batched)
         self.client_ids = np.array([int(client_id)], dtype=np.int64)
         self.groups = np.array([int(group)], dtype=np.int64)
         self.num_examples = np.array([num_examples])
@@ -328,11 +334,31 @@ class TorchClient:
                 raise ValueError(f"a TorchClient is one client; got {models.shape[0]} model sets")
             models = models[0]
         loss_fn = self.test_loss_fn if split == "test" and self.test_loss_fn is not None else self.loss_fn
+        if len(models) > 1:  # one batched pass where the loss_fn offers it (client/batched_losses.py)
+            batched = self._batched_losses(loss_fn, models)
+            if batched is not None:
+                return batched.reshape(1, -1)
         values = np.empty((1, len(models)))
         for k, vector in enumerate(models):
             self.load_vector(vector)
             values[0, k] = self._mean_loss(loss_fn)
         return values
+
+    def _batched_losses(self, loss_fn: LossFunction, models: NDArray[np.floating]) -> Optional[NDArray[np.float64]]:
+        """The ``K`` losses in one ``torch.func`` pass if ``loss_fn`` is a :class:`~fedroute.client.batched_losses.
+        DataLoss` (or offers ``batched``) and the module allows it, else ``None`` (the loop runs)."""
+        if not self.batched or not callable(getattr(loss_fn, "batched", None)):
+            return None
+        from fedroute.client.batched_losses import batched_or_none
+
+        state = self.model.state_dict()
+        layout = [(name, shape, state[name].dtype) for name, shape in zip(self._names, self._shapes)]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return batched_or_none(loss_fn, self.model, models, layout)
+        finally:
+            self.model.train(was_training)
 
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int

@@ -55,7 +55,7 @@ from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.fedcam import FedCAM
 from fedroute.strategies.records import array_record
 
-__all__ = ["app", "make_strategy", "run_method", "federation_settings"]
+__all__ = ["app", "make_strategy", "run_method", "federation_settings", "routed_accuracy"]
 
 logger = logging.getLogger("fedroute")
 app = ServerApp()
@@ -144,12 +144,30 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
         getattr(settings.task, "group_parameters", None),
     )
     summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
+    summary.update(routed_accuracy(evaluation))
     rounds_run = settings.num_rounds - strategy.resumed_from_round
     summary.update(rounds=settings.num_rounds, resumed_from_round=strategy.resumed_from_round, wall_seconds=wall,
                    seconds_per_round=wall / max(rounds_run, 1),
                    rejected_replies=strategy.rejections.total, evaluated_clients=len(evaluation))
     summary.update(strategy.recorder.summary() if strategy.recorder is not None else {})
     return summary
+
+
+def routed_accuracy(evaluation: list[Any]) -> dict[str, float]:
+    """Held-out accuracy where the clients report it (``test-accuracies``, a task that classifies).
+
+    ``test_accuracy``: the mean over clients of the accuracy of the model each client picks on its training
+    data (lowest training loss at ``W^T``, controller-free, as ``K_eval`` train); ``test_accuracy_best``: of
+    the model with the best accuracy for each client (an upper bound).  Empty when a reply lacks the key.
+    """
+    if not evaluation or any(protocol.TEST_ACCURACIES not in reply.metrics for reply in evaluation):
+        return {}
+    accuracies = [np.asarray(reply.metrics[protocol.TEST_ACCURACIES], dtype=np.float64) for reply in evaluation]
+    if any(values.shape != reply.train_losses.shape for values, reply in zip(accuracies, evaluation)):
+        return {}
+    picked = [float(values[int(np.argmin(reply.train_losses))]) for values, reply in zip(accuracies, evaluation)]
+    return {"test_accuracy": float(np.mean(picked)),
+            "test_accuracy_best": float(np.mean([values.max() for values in accuracies]))}
 
 
 def _smallest_federation(run_config: dict[str, Any], num_nodes: int, tries: int = 1024) -> Optional[int]:

@@ -97,8 +97,9 @@ def write_results(
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     """The per-method table printed at the end of a run."""
-    header = f"{'method':<12} {'R_T':>7} {'recovered':>9} {'K_eval tr/te':>12} {'assign acc':>10} {'rounds':>6} " \
-             f"{'wall s':>7}  alarms at the end"
+    accuracy = any("test_accuracy" in summary for summary in summaries.values())  # a task that classifies
+    header = f"{'method':<12} {'R_T':>7} {'recovered':>9} {'K_eval tr/te':>12} {'assign acc':>10} " \
+             + (f"{'test acc':>8} " if accuracy else "") + f"{'rounds':>6} {'wall s':>7}  alarms at the end"
     lines = [header, "-" * len(header)]
     for method, summary in summaries.items():
         if "usable_models_train" not in summary:  # the method failed or was not evaluated
@@ -110,7 +111,9 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             f"{method:<12} {error if error is not None else float('nan'):>7.3f} "
             f"{('yes' if recovered else 'no') if recovered is not None else '-':>9} "
             f"{summary['usable_models_train']:>6}/{summary['usable_models_test']:<5} "
-            f"{summary['assignment_accuracy_test']:>10.3f} {summary['rounds']:>6} {summary['wall_seconds']:>7.1f}  "
+            f"{summary['assignment_accuracy_test']:>10.3f} "
+            + (f"{summary.get('test_accuracy', float('nan')):>8.3f} " if accuracy else "")
+            + f"{summary['rounds']:>6} {summary['wall_seconds']:>7.1f}  "
             f"{_alarm_text(summary)}"
         )
     return "\n".join(lines)
