@@ -104,29 +104,28 @@ def image_array(image: Any) -> NDArray[np.float32]:
 def as_arrays(dataset: Any, label: str, exclude: Sequence[str] = ()) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     """Features and labels of ``dataset``: images ``(n, C, H, W)`` or vectors ``(n, D)``, labels ``(n,)``.
 
+    The rows are read once as an Arrow table (images undecoded, decoded here with PIL).
+
     Raises
     ------
     ValueError
         Images of different shapes, or labels that are not integers.
     """
-    labels = np.asarray(dataset[label])
+    column = image_column(dataset)
+    names = [] if column is not None else feature_columns(dataset, [label, *exclude])
+    table = dataset.with_format("arrow")[:]
+    labels = table.column(label).to_numpy(zero_copy_only=False)
     if labels.dtype.kind not in "iub":
         raise ValueError(f"label column '{label}' holds {labels.dtype} values; allowed: integer classes (set run-config "
                          "'label-column' to an integer column)")
-    column = image_column(dataset)
     if column is not None:
-        import datasets
-
-        undecoded = dataset.cast_column(column, datasets.Image(decode=False)) \
-            if isinstance(dataset.features[column], datasets.Image) else dataset
-        images = [image_array(image) for image in undecoded[column]]
+        images = [image_array(image) for image in table.column(column).to_pylist()]
         shapes = {image.shape for image in images}
         if len(shapes) > 1:
             raise ValueError(f"the images of column '{column}' have different shapes {sorted(shapes)[:4]}; "
                              "the dataset task needs one image size (resize the images first)")
         features = np.stack(images) if images else np.zeros((0, 1, 1, 1), np.float32)
     else:
-        names = feature_columns(dataset, [label, *exclude])
-        features = np.stack([np.asarray(dataset[name], dtype=np.float32) for name in names], axis=1) \
-            if len(dataset) else np.zeros((0, len(names)), np.float32)
+        features = np.stack([table.column(name).to_numpy(zero_copy_only=False).astype(np.float32) for name in names],
+                            axis=1) if len(labels) else np.zeros((0, len(names)), np.float32)
     return features.astype(np.float32, copy=False), labels.astype(np.int64)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
@@ -120,6 +121,12 @@ def build_model(spec: str, input_shape: tuple[int, ...], num_classes: int) -> nn
 def initial_vectors(spec: str, input_shape: tuple[int, ...], num_classes: int, num_clusters: int,
                     seed: int) -> NDArray[np.float32]:
     """``K`` starts as a ``(K, P)`` float32 array: module ``k`` built under ``torch.manual_seed(seed·1000 + k)``."""
+    return _initial_vectors(spec, tuple(input_shape), int(num_classes), int(num_clusters), int(seed)).copy()
+
+
+@lru_cache(maxsize=8)
+def _initial_vectors(spec: str, input_shape: tuple[int, ...], num_classes: int, num_clusters: int,
+                     seed: int) -> NDArray[np.float32]:
     rows: list[Any] = []
     with torch.random.fork_rng(devices=[]):
         for k in range(num_clusters):

@@ -138,7 +138,7 @@ class ClientData:
 
     partition_id: int
     group: int
-    """Latent group (``-1`` = unknown: group-transform ``none``); evaluation only."""
+    """Latent group (``c mod G``; 0 for everyone under group-transform ``none``); evaluation only."""
     train_features: NDArray[np.float32]
     train_labels: NDArray[np.int64]
     test_features: NDArray[np.float32]
@@ -212,8 +212,12 @@ def available_partitions(settings: PartitionSettings) -> int:
     return int(_partitioner(settings).num_partitions)
 
 
+@lru_cache(maxsize=256)
 def grouped_partition(settings: PartitionSettings, partition_id: int) -> ClientData:
     """Client ``partition_id``'s rows: its partition, its group's transform, its train/held-out split.
+
+    Cached per process (a simulation worker serves the same clients every round); treat the arrays as
+    read-only.
 
     Raises
     ------

@@ -15,7 +15,8 @@ Client ``c`` belongs to group ``g = c mod G`` (``G = num-groups``).
     labels.  Works for images and tabular rows alike.
 ``none``
     No transform: the clients differ only by their partitions (e.g. the writers
-    of a ``natural-id`` split); the latent group is unknown (``-1``).
+    of a ``natural-id`` split); every client is in one latent group, 0 (so the
+    run's assignment accuracy says nothing: there is no known grouping).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ GROUP_TRANSFORMS = ("rotate", "permute-labels", "none")
 
 
 def group_of(client: int, num_groups: int, transform: str) -> int:
-    """Latent group of client ``client``: ``client mod G``, or ``-1`` (unknown) under ``none``."""
-    return -1 if transform == "none" else int(client) % int(num_groups)
+    """Latent group of client ``client``: ``client mod G``, or ``0`` for everyone under ``none``."""
+    return 0 if transform == "none" else int(client) % int(num_groups)
 
 
 def rotation_angle(group: int, num_groups: int) -> float:

@@ -123,9 +123,9 @@ class DatasetTask:
         return dataset_schema(self.dataset, self.label_column, excluded)
 
     def groups(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
-        """Latent group of each client (``c mod G``; ``-1`` under group-transform ``none``)."""
+        """Latent group of each client (``c mod G``; ``0`` for everyone under group-transform ``none``)."""
         ids = np.asarray(client_ids, dtype=np.int64)
-        return np.full_like(ids, -1) if self.group_transform == "none" else ids % self.num_groups
+        return np.zeros_like(ids) if self.group_transform == "none" else ids % self.num_groups
 
     def clients(self, client_ids: NDArray[np.int64]) -> Any:
         """One client's data and model (a :class:`~fedroute.tasks.dataset_client.DatasetClient`)."""
