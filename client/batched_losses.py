@@ -73,10 +73,16 @@ class DataLoss:
         The client's training rows and labels (moved to ``device`` once, here).
     criterion : callable, default ``torch.nn.functional.cross_entropy``
         ``criterion(outputs, targets) -> mean loss`` of a batch.
-    batch_size : int, default 1024
-        Rows per forward pass (the batched pass holds ``K ×`` a batch's activations).
+    batch_size : int, default 128
+        Rows per forward pass (the batched pass holds ``K ×`` a batch's activations).  On the
+        CPU batches of 64–128 images measured ≈ 2× faster than one pass over 250 (cache).
     device : torch.device, optional
         Where the rows go (default: where they are).
+    channels_last : bool or "auto", default "auto"
+        Give the module image batches ``(n, C, H, W)`` in the channels-last memory layout, which
+        oneDNN's CPU convolutions run ≈ 1.8× faster (the values are the same; a float32 sum in
+        another order).  ``"auto"``: for 4-D inputs on the CPU.  A module that cannot take them
+        (``x.view(...)`` on a non-contiguous activation) is retried with contiguous inputs, for good.
 
     Notes
     -----
@@ -85,24 +91,38 @@ class DataLoss:
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor,
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-                 batch_size: int = 1024, device: Optional[Any] = None) -> None:
+                 batch_size: int = 128, device: Optional[Any] = None, channels_last: bool | str = "auto") -> None:
         if len(inputs) != len(targets) or len(inputs) == 0:
             raise ValueError(f"DataLoss needs as many targets as inputs (> 0), got {len(inputs)} and {len(targets)}")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
             raise ValueError(f"batch_size = {batch_size!r} is invalid; allowed: an integer ≥ 1")
+        if channels_last not in (True, False, "auto"):
+            raise ValueError(f"channels_last = {channels_last!r} is invalid; allowed: True, False or 'auto'")
         self.inputs = inputs if device is None else inputs.to(device)
         self.targets = targets if device is None else targets.to(device)
         self.criterion, self.batch_size = criterion, int(batch_size)
+        if channels_last == "auto":
+            channels_last = self.inputs.dim() == 4 and self.inputs.device.type == "cpu"
+        self._loop_inputs = self.inputs.contiguous(memory_format=torch.channels_last) \
+            if channels_last and self.inputs.dim() == 4 else self.inputs
 
-    def _batches(self) -> Any:
-        for start in range(0, len(self.inputs), self.batch_size):
-            yield self.inputs[start:start + self.batch_size], self.targets[start:start + self.batch_size]
+    def _batches(self, inputs: Optional[torch.Tensor] = None) -> Any:
+        inputs = self.inputs if inputs is None else inputs
+        for start in range(0, len(inputs), self.batch_size):
+            yield inputs[start:start + self.batch_size], self.targets[start:start + self.batch_size]
+
+    def _loop_total(self, model: torch.nn.Module, inputs: torch.Tensor) -> float:
+        with torch.no_grad():
+            return sum(float(self.criterion(model(x), y)) * len(y) for x, y in self._batches(inputs))
 
     def __call__(self, model: torch.nn.Module) -> float:
         """The mean loss of ``model`` (the loop path: one model)."""
-        with torch.no_grad():
-            total = sum(float(self.criterion(model(x), y)) * len(y) for x, y in self._batches())
-        return total / len(self.inputs)
+        if self._loop_inputs is not self.inputs:
+            try:
+                return self._loop_total(model, self._loop_inputs) / len(self.inputs)
+            except RuntimeError:  # e.g. x.view(...) on a channels-last activation: contiguous from now on
+                self._loop_inputs = self.inputs
+        return self._loop_total(model, self.inputs) / len(self.inputs)
 
     def batched(self, model: torch.nn.Module, vectors: NDArray[np.floating], layout: Layout) -> NDArray[np.float64]:
         """The mean loss of each of the ``K`` models ``vectors`` (rows in ``layout``), in one pass per batch.

@@ -13,7 +13,10 @@ and the module's ``state_dict`` (every parameter *and* buffer, in
 * ``test_loss_fn(model) -> float`` — optional, the held-out loss for the
   final evaluation.
 
-This is the only fedroute module that imports torch.
+With a :class:`~fedroute.client.batched_losses.DataLoss` as ``loss_fn`` the ``K``
+losses can run as one batched ``torch.func`` pass (``batched``).  torch is imported
+only by the modules that need it (this one, the batched losses, the dataset task's
+client and models).
 """
 
 from __future__ import annotations
@@ -231,10 +234,13 @@ class TorchClient:
     test_loss_fn : callable, optional
         ``test_loss_fn(model) -> float`` on held-out data; ``losses(..., "test")``
         falls back to ``loss_fn`` without it.
-    batched : bool, default True
+    batched : bool or "auto", default "auto"
         Score the ``K`` models in one ``torch.func.vmap`` pass when the loss function
         offers it (a :class:`~fedroute.client.batched_losses.DataLoss`) and the module
-        allows it; otherwise (and with ``False``) one pass per model.
+        allows it; otherwise (and with ``False``) one pass per model.  ``"auto"``: batched
+        when the loss function's data are on a GPU; on the CPU the loop, which measured
+        as fast or faster there (``vmap`` turns convolutions into grouped ones;
+        docs/performance.md, "Batched K-model losses").
     """
 
     def __init__(
@@ -247,7 +253,7 @@ class TorchClient:
         client_id: int = 0,
         group: int = -1,
         test_loss_fn: Optional[LossFunction] = None,
-        batched: bool = True,
+        batched: bool | str = "auto",
     ) -> None:
         if isinstance(num_examples, bool) or not float(num_examples) > 0:
             raise ValueError(f"num_examples = {num_examples!r} is invalid; allowed: a number > 0")
@@ -257,7 +263,9 @@ class TorchClient:
         self.loss_fn = loss_fn
         self.train_fn = train_fn
         self.test_loss_fn = test_loss_fn
-        self.batched = bool(batched)
+        if batched not in (True, False, "auto"):
+            raise ValueError(f"batched = {batched!r} is invalid; allowed: True, False or 'auto'")
+        self.batched = batched
         self.client_ids = np.array([int(client_id)], dtype=np.int64)
         self.groups = np.array([int(group)], dtype=np.int64)
         self.num_examples = np.array([num_examples])
@@ -349,6 +357,10 @@ class TorchClient:
         DataLoss` (or offers ``batched``) and the module allows it, else ``None`` (the loop runs)."""
         if not self.batched or not callable(getattr(loss_fn, "batched", None)):
             return None
+        if self.batched == "auto":
+            inputs = getattr(loss_fn, "inputs", None)
+            if not isinstance(inputs, torch.Tensor) or inputs.device.type != "cuda":
+                return None
         from fedroute.client.batched_losses import batched_or_none
 
         state = self.model.state_dict()

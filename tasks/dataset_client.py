@@ -88,7 +88,7 @@ class DatasetClient(TorchClient):
         self.model.eval()
         try:
             with torch.no_grad():
-                if self.batched:
+                if self.batched is True:
                     state = self.model.state_dict()
                     layout = [(name, tuple(state[name].shape), state[name].dtype) for name in state]
                     values = batched_or_none(_AccuracyPass(features, labels), self.model, models, layout)

@@ -22,11 +22,11 @@ from torch import nn
 from fedroute.client.batched_losses import LOSS_ATOL, LOSS_RTOL, DataLoss
 from fedroute.client.devices import check_device_name, resolve_device
 from fedroute.client.torch_adapter import TorchClient
-from fedroute.data import grouped_partitions
+from fedroute.data import grouped_partition, grouped_partitions, standins
 from fedroute.data.models import SmallCNN, SmallMLP, build_model
 from fedroute.data.sources import load_source
 from fedroute.data.transforms import label_permutation
-from fedroute.server.launcher import flwr_run_command
+from fedroute.server.launcher import flwr_run_command, load_run_config_file, resolve_run_config
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.cli import checked_num_gpus
 from support.app_config import app_run_config
@@ -268,6 +268,31 @@ def test_every_partitioner_and_transform_runs_through_the_apps(case: str, files:
     assert 0.0 <= summary["test_accuracy"] <= summary["test_accuracy_best"] <= 1.0
     models = np.load(tmp_path / str(SERVER_RUN_ID) / "cluster_models.npz")
     assert all(np.isfinite(models[name]).all() for name in models.files)
+
+
+# --------------------------------------------------------------------------------- standard benchmarks
+BENCHMARKS = Path(__file__).resolve().parents[1] / "conf" / "benchmarks"
+
+
+def test_the_benchmark_configs_name_the_hub_data_and_run_on_the_offline_standin(tmp_path: Path, repository: Path,
+                                                                                 task_identity) -> None:
+    mnist = resolve_run_config(repository, load_run_config_file(BENCHMARKS / "rotated-mnist.toml"))
+    task = parse_run_config({**mnist, "num-clients": 40}).task
+    assert (task.dataset, task.partitioner, task.num_groups, task.group_transform) == \
+        ("ylecun/mnist", "iid", 4, "rotate")
+    femnist = resolve_run_config(repository, load_run_config_file(BENCHMARKS / "femnist.toml"))
+    assert (femnist["dataset"], femnist["partitioner"], femnist["partition-by"], femnist["label-column"]) == \
+        ("flwrlabs/femnist", "natural-id", "writer_id", "character")
+    standin = tmp_path / "femnist.parquet"
+    assert standins.main(["femnist", str(standin)]) == 0
+    config = {**femnist, "dataset": str(standin), "num-clients": 4, "num-server-rounds": 2, "method": "exp3",
+              "results-dir": str(tmp_path), "progress-interval": 0.0}
+    server_main(builtin_grid(4, config), config)
+    summary = json.loads((tmp_path / str(SERVER_RUN_ID) / "summary.json").read_text())["exp3"]
+    assert summary["evaluated_clients"] == 4 and 0.0 <= summary["test_accuracy"] <= 1.0
+    clients = parse_run_config(config).task.partition_settings
+    sizes = [grouped_partition(clients, i).num_examples for i in range(4)]
+    assert all(size > 30 for size in sizes)  # ≈ 45 digits per stand-in writer (1,797 / 40)
 
 
 # ------------------------------------------------------------------------------- fedroute flower (Ray)

@@ -2,44 +2,19 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-import numpy as np
+from fedroute.data.standins import digit_images, write_digits_parquet
+
+__all__ = ["NUM_WRITERS", "digit_images", "write_parquet", "write_image_folder", "write_csv", "small_factory"]
 
 NUM_WRITERS = 7
 """The Parquet file's ``writer`` column: row ``i`` is by writer ``i mod 7`` (for ``natural-id``)."""
 
 
-def digit_images() -> tuple[np.ndarray, np.ndarray]:
-    """The 1,797 digits as uint8 images (8×8, ``0 … 255``) and their labels."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    return np.round(digits.images * 255 / 16).astype(np.uint8), digits.target.astype(np.int64)
-
-
-def _png(image: np.ndarray) -> bytes:
-    from PIL import Image
-
-    stream = io.BytesIO()
-    Image.fromarray(image).save(stream, format="PNG")
-    return stream.getvalue()
-
-
 def write_parquet(path: Path, limit: int | None = None) -> Path:
     """Columns ``image`` (PNG ``{bytes, path}`` structs, as ``datasets`` stores images), ``label``, ``writer``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    images, labels = digit_images()
-    images, labels = images[:limit], labels[:limit]
-    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    table = pa.table({"image": pa.array([{"bytes": _png(image), "path": None} for image in images], type=image_type),
-                      "label": pa.array(labels),
-                      "writer": pa.array(np.arange(len(labels)) % NUM_WRITERS)})
-    pq.write_table(table, path)
-    return path
+    return write_digits_parquet(path, writer="writer", num_writers=NUM_WRITERS, limit=limit)
 
 
 def write_image_folder(root: Path, limit: int) -> Path:
