@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from fedroute.data.transforms import label_permutation
 from fedroute.server.launcher import flwr_run_command, load_run_config_file, resolve_run_config
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.cli import checked_num_gpus
+from fedroute.simulation.cli import main as cli_main
 from support.app_config import app_run_config
 from support.dataset_files import NUM_WRITERS, digit_images, write_csv, write_image_folder, write_parquet
 from support.grid import SERVER_RUN_ID, builtin_grid, server_main
@@ -196,6 +198,25 @@ def test_num_gpus_becomes_rays_client_resources_and_needs_a_gpu() -> None:
     assert "torch sees no GPU" in checked_num_gpus(0.5, lambda: 0)
     assert checked_num_gpus(0.5, lambda: 1) is None and checked_num_gpus(0.0) is None
     assert "allowed: a number in [0, 64]" in checked_num_gpus(-1.0, lambda: 1)
+
+
+def test_fedroute_flower_starts_one_supernode_per_client_and_passes_the_gpu_share(
+        repository: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import fedroute.server.launcher as launcher
+
+    seen: dict = {}
+
+    def fake_run(app_dir, overrides, num_supernodes, **options):
+        seen.update(supernodes=num_supernodes, clients=overrides["num-clients"], gpus=options["gpus_per_client"])
+        return SimpleNamespace(completed=True)
+
+    monkeypatch.setattr(launcher, "run_flower_app", fake_run)
+    assert cli_main(["flower", "--app-dir", str(repository), "--run-config", "num-clients=20"]) == 0
+    assert seen == {"supernodes": 20, "clients": 20, "gpus": 0.0}
+    assert cli_main(["flower", "--app-dir", str(repository)]) == 0 and seen["supernodes"] == 80
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli_main(["flower", "--app-dir", str(repository), "--num-gpus", "0.5"]) == 2
+    assert "torch sees no GPU" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------- batched losses
