@@ -26,7 +26,7 @@ from fedroute.client.torch_adapter import TorchClient
 from fedroute.data import grouped_partition, grouped_partitions, standins
 from fedroute.data.models import SmallCNN, SmallMLP, build_model
 from fedroute.data.sources import load_source
-from fedroute.data.transforms import label_permutation
+from fedroute.data.transforms import apply_group_transform, label_permutation
 from fedroute.server.launcher import flwr_run_command, load_run_config_file, resolve_run_config
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.cli import checked_num_gpus
@@ -140,6 +140,19 @@ def test_permute_labels_relabels_every_group_but_the_first(files: dict[str, Path
     assert sorted(permutation) == list(range(10)) and not np.array_equal(permutation, np.arange(10))
     assert np.array_equal(permuted[1].train_labels, permutation[plain[1].train_labels])
     assert np.array_equal(permuted[1].train_features, plain[1].train_features)
+
+
+def test_without_torchvision_quarter_turns_fall_back_to_rot90_and_other_angles_ask_for_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    images = np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32)
+    labels = np.arange(3)
+    with_torchvision = apply_group_transform(images, labels, "rotate", 1, 4, 10, 0)[0]
+    for name in [name for name in sys.modules if name.split(".")[0] == "torchvision"] + ["torchvision"]:
+        monkeypatch.setitem(sys.modules, name, None)  # the CPU-only install: import torchvision fails
+    without = apply_group_transform(images, labels, "rotate", 1, 4, 10, 0)[0]
+    assert np.array_equal(without, with_torchvision) and np.array_equal(without, np.rot90(images, 1, axes=(2, 3)))
+    with pytest.raises(ImportError, match=r"rotate' by 45° needs torchvision: pip install \"fedroute\[vision\]\""):
+        apply_group_transform(images, labels, "rotate", 1, 8, 10, 0)
 
 
 def test_rotate_needs_images(files: dict[str, Path]) -> None:
