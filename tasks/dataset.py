@@ -86,8 +86,8 @@ class DatasetTask:
     label_column: str = "auto"
     test_fraction: float = 0.2
     model: str = "auto"
-    local_epochs: int = 1
-    batch_size: int = 32
+    local_epochs: int = 5
+    batch_size: int = 16
     learning_rate: float = 0.05
     client_device: str = "auto"
     batched_losses: str = "auto"

@@ -343,6 +343,6 @@ def test_the_issues_command_runs_in_flowers_simulation_and_reports_accuracy(file
     (directory,) = [path for path in tmp_path.iterdir() if path.is_dir()]
     summary = json.loads((directory / "summary.json").read_text())["exp3"]
     assert summary["evaluated_clients"] == 20 and summary["rounds"] == 10
-    assert 0.1 < summary["test_accuracy"] <= 1.0
+    assert 0.5 < summary["test_accuracy"] <= 1.0  # 0.84 on the reference machine (chance: 0.1)
     header = next(line for line in result.stdout.splitlines() if line.startswith("method"))
     assert "test acc" in header
