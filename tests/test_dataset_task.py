@@ -63,6 +63,17 @@ def test_parquet_image_folder_and_csv_load_with_their_shapes_and_classes(files: 
     assert np.array_equal(first, images[index]) and rows[0]["label"] == labels[index]
 
 
+def test_the_task_and_the_data_package_import_no_heavy_library() -> None:
+    code = ("import json, sys\nimport fedroute.data, fedroute.tasks.dataset, fedroute.server.run_config\n"
+            "from fedroute.tasks.registry import task_from_config\n"
+            "task_from_config({'task': 'dataset', 'dataset': 'x.parquet', 'num-clients': 4})\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       timeout=120).stdout.strip().splitlines()[-1])
+    assert not {name.split(".")[0] for name in loaded} & {"torch", "torchvision", "datasets", "flwr_datasets",
+                                                          "pyarrow", "PIL"}
+
+
 def test_a_hub_name_offline_names_the_dataset_and_how_to_use_a_local_copy() -> None:
     code = ("from fedroute.data.sources import load_source\n"
             "try:\n    load_source('ylecun/mnist')\nexcept ConnectionError as error:\n    print('ERROR', error)\n")
