@@ -32,6 +32,9 @@ GLOBAL_MODEL = "global-model"
 METRICS = "metrics"
 TRAIN_METRICS = "train-metrics"
 """Optional MetricRecord of a ``TRAIN`` reply: what the user's ``train_fn`` returned (numbers or lists)."""
+EVALUATE_METRICS = "evaluate-metrics"
+"""Optional MetricRecord of an ``EVALUATE`` reply: metric name → its value for each of the ``K`` models
+(a list of ``K`` numbers: the user's ``metrics_fn``, or a task's accuracy)."""
 CLUSTER_PREFIX = "cluster-"
 
 # Config keys (server → client).
@@ -87,9 +90,6 @@ PREFERRED = "preferred"
 EXP3_LOG_WEIGHTS = "exp3-log-weights"
 TRAIN_LOSSES = "train-losses"
 TEST_LOSSES = "test-losses"
-TEST_ACCURACIES = "test-accuracies"
-"""Evaluation reply of a client batch that classifies (``accuracies``, e.g. ``task = "dataset"``): each of the
-``K`` models' share of correctly classified held-out rows (optional key)."""
 GROUP = "group"
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"

@@ -25,10 +25,9 @@ from flwr.clientapp import ClientApp
 
 from fedroute import protocol
 from fedroute.app_identity import app_files, app_fingerprint
-from fedroute.client.handlers import evaluation_losses, fedcam_reply, identity_reply, is_identification, reply, \
-    routing_reply
+from fedroute.client.handlers import evaluation_losses, evaluation_reply, evaluation_task_metrics, fedcam_reply, \
+    identity_reply, is_identification, reply, routing_reply
 from fedroute.core.client_step import provisional_greedy_routes
-from fedroute.core.fedcam import combined_models
 from fedroute.core.settings import RoutingSettings
 from fedroute.strategies.records import decode_array
 from fedroute.core.task import ClientBatch
@@ -147,15 +146,7 @@ def evaluate(message: Message, context: Context) -> Message:
     config, _, models, _, clients = _received(message, context)
     fedcam = config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM
     global_model = _global_part(message) if fedcam else None
-    accuracies = {}
-    if callable(getattr(clients, "accuracies", None)):  # a task that classifies (task = "dataset")
-        evaluated = models if global_model is None else combined_models(global_model, models)
-        accuracies[protocol.TEST_ACCURACIES] = [float(v) for v in clients.accuracies(evaluated, "test")[0]]
-    return reply(message, {
-        **accuracies,
-        protocol.CLIENT_ID: int(clients.client_ids[0]),
-        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
-        protocol.TRAIN_LOSSES: [float(v) for v in evaluation_losses(clients, models, global_model, "train")[0]],
-        protocol.TEST_LOSSES: [float(v) for v in evaluation_losses(clients, models, global_model, "test")[0]],
-        protocol.GROUP: int(clients.groups[0]),
-    })
+    return evaluation_reply(message, int(clients.client_ids[0]), int(clients.num_examples[0]),
+                            evaluation_losses(clients, models, global_model, "train")[0],
+                            evaluation_losses(clients, models, global_model, "test")[0], int(clients.groups[0]),
+                            evaluation_task_metrics(clients, models, global_model))

@@ -16,7 +16,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedroute import protocol
-from fedroute.core.fedcam import fedcam_client_round, fedcam_losses
+from fedroute.core.evaluation import task_metrics
+from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_losses, uses_output_sum
 from fedroute.core.client_step import client_round
 from fedroute.core.health import RoutingView
 from fedroute.core.settings import RoutingSettings
@@ -24,8 +25,8 @@ from fedroute.client.state_store import load_agent_state, save_agent_state, stat
 from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
 
-__all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "num_examples_metric", "identity_reply",
-           "is_identification"]
+__all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "evaluation_reply", "num_examples_metric",
+           "identity_reply", "is_identification", "evaluation_task_metrics"]
 
 
 def num_examples_metric(value: float) -> int | float:
@@ -34,14 +35,43 @@ def num_examples_metric(value: float) -> int | float:
 
 
 def reply(message: Message, metrics: dict[str, Any], model: Optional[ArrayRecord] = None,
-          train_metrics: Optional[dict[str, Any]] = None) -> Message:
-    """A reply with one MetricRecord and, when given, the trained model and the user's training metrics."""
+          train_metrics: Optional[dict[str, Any]] = None,
+          evaluate_metrics: Optional[dict[str, list[float]]] = None) -> Message:
+    """A reply with one MetricRecord and, when given, the trained model, the user's training metrics and
+    the per-model evaluation metrics."""
     content = RecordDict({protocol.METRICS: MetricRecord(metrics)})
     if model is not None:
         content[protocol.MODEL] = model
     if train_metrics:
         content[protocol.TRAIN_METRICS] = MetricRecord(train_metrics)
+    if evaluate_metrics:
+        content[protocol.EVALUATE_METRICS] = MetricRecord(evaluate_metrics)
     return Message(content=content, reply_to=message)
+
+
+def evaluation_reply(message: Message, client_id: int, num_examples: float, train_losses: np.ndarray,
+                     test_losses: np.ndarray, group: int,
+                     model_metrics: Optional[dict[str, np.ndarray]] = None) -> Message:
+    """The reply to an ``EVALUATE`` message: the ``K`` losses on both splits, the group, and each metric's
+    ``K`` values (``evaluate-metrics``)."""
+    return reply(message, {
+        protocol.CLIENT_ID: int(client_id),
+        protocol.NUM_EXAMPLES: num_examples_metric(num_examples),
+        protocol.TRAIN_LOSSES: [float(v) for v in train_losses],
+        protocol.TEST_LOSSES: [float(v) for v in test_losses],
+        protocol.GROUP: int(group),
+    }, evaluate_metrics={name: [float(v) for v in values] for name, values in (model_metrics or {}).items()})
+
+
+def evaluation_task_metrics(clients: ClientBatch, models: np.ndarray,
+                            global_model: Optional[np.ndarray]) -> dict[str, np.ndarray]:
+    """A task's held-out metrics of the evaluated models for one client, each (K,): of the ``K`` models, or,
+    under FedCAM's additive form, of the combined predictors (none in the output-sum form)."""
+    if global_model is not None:
+        if uses_output_sum(clients):
+            return {}
+        models = combined_models(global_model, models)
+    return {name: values[0] for name, values in task_metrics(clients, models, "test").items()}
 
 
 def is_identification(message: Message) -> bool:

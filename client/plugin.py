@@ -35,11 +35,11 @@ import torch
 from flwr.app import Context, Message
 
 from fedroute import protocol
-from fedroute.client.handlers import evaluation_losses, fedcam_reply, identity_reply, is_identification, \
-    num_examples_metric, reply, routing_reply
+from fedroute.client.handlers import evaluation_losses, evaluation_reply, evaluation_task_metrics, fedcam_reply, \
+    identity_reply, is_identification, num_examples_metric, reply, routing_reply
 from fedroute.core.client_step import provisional_greedy_routes
 from fedroute.core.settings import RoutingSettings
-from fedroute.client.torch_adapter import LossFunction, TorchClient, TrainFunction
+from fedroute.client.torch_adapter import LossFunction, MetricsFunction, TorchClient, TrainFunction
 from fedroute.strategies.records import decode_array
 
 __all__ = ["routing_train", "routing_evaluate", "routing_query"]
@@ -186,10 +186,11 @@ def routing_evaluate(
     num_examples: int,
     *,
     test_loss_fn: Optional[LossFunction] = None,
+    metrics_fn: Optional[MetricsFunction] = None,
     client_id: Optional[int] = None,
     group: int = -1,
 ) -> Message:
-    """Controller-free evaluation: the reply to ClusteredRouting's final ``EVALUATE`` message.
+    """Controller-free evaluation: the reply to ClusteredRouting's ``EVALUATE`` messages.
 
     Parameters
     ----------
@@ -206,6 +207,12 @@ def routing_evaluate(
     test_loss_fn : callable, optional
         ``test_loss_fn(model) -> float`` on held-out data.  Without it the
         reported test losses are the training losses.
+    metrics_fn : callable, optional
+        ``metrics_fn(model) -> {name: number}``, e.g. ``{"accuracy": 0.93}`` on held-out
+        data; called once per cluster model, in ``eval()`` mode under ``torch.no_grad()``,
+        and must return the same names each time.  The strategy reads every client at its
+        lowest-training-loss model and aggregates each metric over clients (mean, worst
+        decile), per cluster and per ``group`` (:func:`fedroute.core.evaluation.evaluation_metrics`).
     client_id : int, optional
         As in :func:`routing_train`.
     group : int, default -1
@@ -216,26 +223,28 @@ def routing_evaluate(
     -------
     flwr.app.Message
         MetricRecord ``metrics``: ``client-id``, ``num-examples``,
-        ``train-losses`` and ``test-losses`` (``K`` values each), ``group``.
-        The strategy keeps them in ``ClusteredRouting.final_evaluation``.
+        ``train-losses`` and ``test-losses`` (``K`` values each), ``group``;
+        with ``metrics_fn``, MetricRecord ``evaluate-metrics``: each name → ``K`` values.
+        The strategy keeps the final ones in ``ClusteredRouting.final_evaluation`` and the
+        aggregates of every evaluation in ``ClusteredRouting.evaluation``.
+
+    Raises
+    ------
+    TypeError
+        If ``metrics_fn`` returns anything but a dict of numbers with the same names for every model.
     """
     config = _config(message)
     settings = _settings(config)
     client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id),
-                         group=group, test_loss_fn=test_loss_fn)
+                         group=group, test_loss_fn=test_loss_fn, metrics_fn=metrics_fn)
     models, _ = _cluster_models(message, settings.num_clusters, client)
     global_model = _global_part(message, client) if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM \
         else None
     train_losses = evaluation_losses(client, models, global_model, "train")[0]
     test_losses = evaluation_losses(client, models, global_model, "test")[0] if test_loss_fn is not None \
         else train_losses
-    return reply(message, {
-        protocol.CLIENT_ID: int(client.client_ids[0]),
-        protocol.NUM_EXAMPLES: num_examples_metric(client.num_examples[0]),
-        protocol.TRAIN_LOSSES: [float(v) for v in train_losses],
-        protocol.TEST_LOSSES: [float(v) for v in test_losses],
-        protocol.GROUP: int(group),
-    })
+    return evaluation_reply(message, int(client.client_ids[0]), client.num_examples[0], train_losses, test_losses,
+                            group, evaluation_task_metrics(client, models, global_model))
 
 
 def routing_query(

@@ -22,18 +22,21 @@ client and models).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
 __all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "cluster_models_to_torch",
-           "module_arrays", "train_metrics_of", "layout_difference", "TRAIN_LOSS_METRIC"]
+           "module_arrays", "train_metrics_of", "layout_difference", "TRAIN_LOSS_METRIC", "MetricsFunction",
+           "metrics_of"]
 
 LossFunction = Callable[[torch.nn.Module], float]
 """``loss_fn(model) -> float``: mean loss of ``model`` on this client's data."""
 TrainFunction = Callable[[torch.nn.Module], Any]
+MetricsFunction = Callable[[torch.nn.Module], Mapping[str, float]]
+"""``metrics_fn(model) -> {name: number}``: the user's evaluation metrics of one model (e.g. accuracy)."""
 """``train_fn(model) -> None | float | dict``: local training of ``model`` in place; it may return metrics
 (a dict or ``MetricRecord`` of numbers or lists of numbers, e.g. ``{"train_loss": 0.31}``; a number is its
 loss, ``{"train_loss": number}``), which the strategy averages per cluster as ``FedAvg`` does."""
@@ -172,6 +175,32 @@ def train_metrics_of(value: Any) -> Optional[dict[str, Any]]:
     return metrics
 
 
+def metrics_of(value: Any) -> dict[str, float]:
+    """What ``metrics_fn`` returned, checked: a non-empty mapping of string names to finite numbers.
+
+    Raises
+    ------
+    TypeError
+        Naming the offending key and what is allowed.
+    """
+    if not hasattr(value, "items"):
+        raise TypeError(f"metrics_fn returned {type(value).__name__}; return a dict of numbers such as "
+                        "{'accuracy': 0.93}")
+    metrics: dict[str, float] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"metrics_fn metrics need non-empty string keys, got {key!r}")
+        if not _is_number(item):
+            raise TypeError(f"metrics_fn metric '{key}' = {item!r}: allowed is one number (e.g. an accuracy)")
+        number = float(item.item() if isinstance(item, torch.Tensor) else item)
+        if not np.isfinite(number):
+            raise TypeError(f"metrics_fn metric '{key}' = {number}: allowed is a finite number")
+        metrics[key] = number
+    if not metrics:
+        raise TypeError("metrics_fn returned an empty dict; return at least one metric, e.g. {'accuracy': 0.93}")
+    return metrics
+
+
 def layout_difference(received: Sequence[tuple[str, tuple[int, ...]]],
                       expected: Sequence[tuple[str, tuple[int, ...]]], limit: int = 3) -> str:
     """Only what differs between two ``(name, shape)`` layouts, in bounded words (at most ``limit`` per kind).
@@ -241,6 +270,9 @@ class TorchClient:
         when the loss function's data are on a GPU; on the CPU the loop, which measured
         as fast or faster there (``vmap`` turns convolutions into grouped ones;
         docs/performance.md, "Batched K-model losses").
+    metrics_fn : callable, optional
+        ``metrics_fn(model) -> {name: number}`` (e.g. ``{"accuracy": 0.93}``), the user's
+        evaluation metrics of one model; :meth:`metrics` calls it on each model.
     """
 
     def __init__(
@@ -254,6 +286,7 @@ class TorchClient:
         group: int = -1,
         test_loss_fn: Optional[LossFunction] = None,
         batched: bool | str = "auto",
+        metrics_fn: Optional[MetricsFunction] = None,
     ) -> None:
         if isinstance(num_examples, bool) or not float(num_examples) > 0:
             raise ValueError(f"num_examples = {num_examples!r} is invalid; allowed: a number > 0")
@@ -266,6 +299,7 @@ class TorchClient:
         if batched not in (True, False, "auto"):
             raise ValueError(f"batched = {batched!r} is invalid; allowed: True, False or 'auto'")
         self.batched = batched
+        self.metrics_fn = metrics_fn
         self.client_ids = np.array([int(client_id)], dtype=np.int64)
         self.groups = np.array([int(group)], dtype=np.int64)
         self.num_examples = np.array([num_examples])
@@ -371,6 +405,43 @@ class TorchClient:
             return batched_or_none(loss_fn, self.model, models, layout)
         finally:
             self.model.train(was_training)
+
+    def metrics(self, cluster_models: NDArray[np.floating], split: str = "test") -> dict[str, NDArray[np.float64]]:
+        """``metrics_fn`` of each of the ``K`` models, ``{name: (1, K)}`` (none without ``metrics_fn``).
+
+        Called with the module in ``eval()`` mode under ``torch.no_grad()``; ``split`` is not
+        used (``metrics_fn`` reads the data it chooses, normally the held-out data).
+
+        Raises
+        ------
+        TypeError
+            If ``metrics_fn`` returns something other than a mapping of names to numbers, or
+            other names for another model.
+        """
+        if self.metrics_fn is None:
+            return {}
+        models = np.asarray(cluster_models)
+        models = models[0] if models.ndim == 3 else models
+        rows = []
+        for vector in models:
+            self.load_vector(vector)
+            rows.append(self._evaluated(self.metrics_fn))
+        names = list(rows[0])
+        if any(list(row) != names for row in rows):
+            raise TypeError(f"metrics_fn returned other names for another model ({[list(row) for row in rows]}); "
+                            "return the same names for every model")
+        return {name: np.array([[row[name] for row in rows]]) for name in names}
+
+    def _evaluated(self, metrics_fn: MetricsFunction) -> dict[str, float]:
+        """``metrics_fn`` on the loaded model, in ``eval()`` mode without gradients, checked."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                value = metrics_fn(self.model)
+        finally:
+            self.model.train(was_training)
+        return metrics_of(value)
 
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int

@@ -17,7 +17,16 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["hard_update", "hard_update_checked", "routing_masses", "cluster_route_counts"]
+__all__ = ["hard_update", "hard_update_checked", "routing_masses", "cluster_route_counts", "SERVER_UPDATES",
+           "ifca_gradient_step"]
+
+SERVER_UPDATES = ("average", "ifca-gradient")
+"""How a cluster takes its routed clients' trained models.  ``average`` (the paper's hard update, and our
+Greedy's: IFCA's *model-averaging* variant): ``W_k ← Σ_{i→k} n_i w_i / Σ_{i→k} n_i``.  ``ifca-gradient``
+(IFCA's published gradient step, Ghosh et al. 2020, Algorithm 1 with gradient averaging):
+``W_k ← W_k + Σ_{i→k} n_i (w_i − W_k) / Σ_i n_i``, the sum over the clients routed to ``k`` divided by
+*all* the round's clients (``Σ∇/m`` with equal ``n_i``, ``w_i − W_k = −η ∇_i``): a cluster few clients
+chose moves little."""
 
 
 def _global_routes(routes: NDArray[np.int64], num_clusters: int, run_index: Optional[NDArray[np.int64]]) -> NDArray[np.int64]:
@@ -157,3 +166,44 @@ def routing_masses(
 def cluster_route_counts(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.int64]:
     """Number of clients routed to each cluster."""
     return np.bincount(routes, minlength=num_clusters).astype(np.int64)
+
+
+def ifca_gradient_step(
+    cluster_models: NDArray[np.floating],
+    averaged: NDArray[np.floating],
+    routes: NDArray[np.int64],
+    weights: NDArray[np.floating],
+    run_index: Optional[NDArray[np.int64]] = None,
+) -> NDArray[np.floating]:
+    """IFCA's gradient step from the per-cluster averages of :func:`hard_update_checked`.
+
+    ``W_k + (S_k / S)(avg_k − W_k) = W_k + Σ_{i→k} n_i (w_i − W_k) / Σ_i n_i``, with ``S_k`` the weight
+    routed to ``k`` and ``S`` the weight of all the round's replies (of the reply's run, batched).
+
+    Parameters
+    ----------
+    cluster_models : ndarray, shape (K, P), or (R, K, P) with ``run_index``
+        ``W^t``.
+    averaged : ndarray, same shape
+        The per-cluster weighted averages (clusters nobody chose: ``W^t`` itself).
+    routes, weights : ndarray, shape (m,)
+        The replies' clusters and weights.
+    run_index : ndarray of int, shape (m,), optional
+        The run of each reply.
+
+    Returns
+    -------
+    ndarray, same shape and dtype as ``cluster_models``
+    """
+    shape = cluster_models.shape
+    num_clusters = shape[-2]
+    rows = int(np.prod(shape[:-1]))
+    weights = np.asarray(weights, dtype=np.float64)
+    routed = np.bincount(_global_routes(routes, num_clusters, run_index), weights=weights, minlength=rows)
+    runs = np.zeros(len(routes), dtype=np.int64) if run_index is None else np.asarray(run_index, dtype=np.int64)
+    totals = np.bincount(runs, weights=weights, minlength=rows // num_clusters)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(np.repeat(totals, num_clusters) > 0, routed / np.repeat(totals, num_clusters), 0.0)
+    start = cluster_models.reshape(rows, -1).astype(np.float64)
+    step = start + share[:, None] * (averaged.reshape(rows, -1).astype(np.float64) - start)
+    return step.astype(cluster_models.dtype).reshape(shape)

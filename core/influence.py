@@ -40,7 +40,7 @@ from typing import Any, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.core.aggregation import hard_update_checked, routing_masses
+from fedroute.core.aggregation import SERVER_UPDATES, hard_update_checked, ifca_gradient_step, routing_masses
 
 __all__ = ["InfluenceBounds", "AGGREGATION_RULES", "DEFAULT_MAX_WEIGHT_RATIO", "RoundAggregate",
            "capped_weights", "trim_mean", "clip_updates", "robust_update", "aggregate_round"]
@@ -72,12 +72,17 @@ class InfluenceBounds:
     trim_fraction : float, default 0.2
         ``β`` of ``trimmed-mean``: the fraction cut at each end, in ``[0, 0.5)``
         (Flower's ``FedTrimmedAvg`` default).
+    server_update : str, default "average"
+        One of :data:`~fedroute.core.aggregation.SERVER_UPDATES`: ``average`` (the paper's hard
+        update: IFCA's model averaging) or ``ifca-gradient`` (IFCA's gradient step, ``Σ∇/m``:
+        applied to the aggregate of any ``aggregation`` rule).
     """
 
     max_weight_ratio: float = DEFAULT_MAX_WEIGHT_RATIO
     max_update_norm: Optional[float] = None
     aggregation: str = "weighted-mean"
     trim_fraction: float = 0.2
+    server_update: str = "average"
 
     def __post_init__(self) -> None:
         ratio = self.max_weight_ratio
@@ -94,10 +99,14 @@ class InfluenceBounds:
         beta = self.trim_fraction
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 0.5:
             raise ValueError(f"'trim_fraction' = {beta!r} is invalid; allowed: a number in [0, 0.5)")
+        if self.server_update not in SERVER_UPDATES:
+            raise ValueError(f"'server_update' = {self.server_update!r} is invalid; allowed: {SERVER_UPDATES}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``inf`` as the string ``"inf"``)."""
         values = asdict(self)
+        if values["server_update"] == "average":  # the paper's update: the fields (and checkpoints) of before
+            del values["server_update"]
         if values["max_weight_ratio"] == math.inf:
             values["max_weight_ratio"] = "inf"
         return values
@@ -262,6 +271,9 @@ def aggregate_round(cluster_models: NDArray[np.floating], client_models: NDArray
         kept = np.zeros(0, dtype=bool)
     else:
         kept = ~(non_finite[routes] if run_index is None else non_finite[np.asarray(run_index), routes])
+    if bounds.server_update == "ifca-gradient" and kept.any():
+        updated = ifca_gradient_step(cluster_models, updated, routes[kept], weights[kept],
+                                     None if run_index is None else np.asarray(run_index)[kept])
     num_clusters = cluster_models.shape[-2]
     if run_index is None:
         masses = routing_masses(routes[kept], weights[kept], num_clusters) if kept.any() else None

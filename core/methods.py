@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from fedroute.core.settings import RoutingSettings
 
-__all__ = ["METHODS", "PRESETS", "PRESET_CONTROLLERS", "TASK_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings"]
+__all__ = ["METHODS", "REFERENCE_METHODS", "ALL_METHODS", "PRESETS", "PRESET_CONTROLLERS", "TASK_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings"]
 
 METHODS = ("greedy", "exp3", "sync-entry", "fedcam")
 """``greedy``: Greedy IFCA (every client on ``gr`` forever, ties to the lowest index).
@@ -25,6 +25,17 @@ combined predictor; :class:`fedroute.strategies.fedcam.FedCAM`).
 the set contains ``hys``).
 ``sync-entry``: synchronized entry, then EXP3 (the presets: over ``{gr, hys}`` in
 action mode; the generic default: over its own controllers)."""
+
+REFERENCE_METHODS = ("fedavg", "local")
+"""The references every result is read against: ``fedavg``, one global model (``K = 1`` through the same
+strategy, ClientApp and server update: every client routes to the one model, whose update is FedAvg's
+sample-weighted mean); ``local``, every client training its own model alone from the same start
+(:class:`fedroute.strategies.local.LocalTraining`).  Both are evaluated like the routing methods.
+``method = "all"`` runs :data:`METHODS` only; name the references to add them (``"all,fedavg,local"``
+is not a value: write the list, e.g. ``"greedy,exp3,fedavg,local"``)."""
+
+ALL_METHODS = METHODS + REFERENCE_METHODS
+"""Every method name a run config accepts."""
 
 PRESET_CONTROLLERS = {
     "linear": ("gr", "rh"),
@@ -82,7 +93,8 @@ def method_settings(method: str, *positional: str, num_clusters: Optional[int] =
     Parameters
     ----------
     method : str
-        One of :data:`METHODS`.
+        One of :data:`ALL_METHODS`.  ``fedavg`` and ``local`` are Greedy on one model
+        (``K = 1``; ``num_clusters`` and the routing overrides do not apply).
     num_clusters : int, optional
         ``K`` (default 2).
     preset : str, optional
@@ -113,11 +125,13 @@ def method_settings(method: str, *positional: str, num_clusters: Optional[int] =
                       f"preset; write method_settings({method!r}, preset={preset!r}) for the paper's "
                       f"configuration, or method_settings({method!r}) for the generic default",
                       DeprecationWarning, stacklevel=2)
-    if method not in METHODS:
-        raise ValueError(f"method = {method!r} is invalid; allowed: {METHODS}")
+    if method not in ALL_METHODS:
+        raise ValueError(f"method = {method!r} is invalid; allowed: {ALL_METHODS}")
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"preset = {preset!r} is invalid; allowed: None (the generic default) or the name of a "
                          f"paper task: one of {PRESETS}")
+    if method in REFERENCE_METHODS:
+        return RoutingSettings(num_clusters=1, controllers=("gr",))
     chosen = {key: value for key, value in overrides.items() if value is not None}
     if num_clusters is not None:
         chosen["num_clusters"] = num_clusters

@@ -45,6 +45,8 @@ class Purpose(IntEnum):
     """Randomness inside local training (mini-batches)."""
     TIE = 9
     """Random tie-breaking among exactly equal losses (``tie_breaking = "random"``)."""
+    EVALUATE_SAMPLING = 10
+    """Which nodes the server asks in an evaluation during training (``fraction_evaluate < 1``)."""
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

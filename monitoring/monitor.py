@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from fedroute.monitoring.recorder import ALARMS_FILE, STATUS_FILE
+from fedroute.monitoring.recorder import ALARMS_FILE, EVALUATION_FILE, STATUS_FILE
 from fedroute.monitoring.telemetry import ROUNDS_FILE, read_table
 
 __all__ = ["RunView", "load_run", "render", "run_monitor", "plot_run"]
@@ -103,7 +103,34 @@ def _sparkline(values: list[float]) -> str:
 
 
 def _num_clusters(table: Any) -> int:
-    return sum(1 for column in table.columns if column.startswith("mass_"))
+    """``K`` of a method's rows: its filled ``mass_<k>`` columns (a ``K = 1`` reference shares wider tables)."""
+    return sum(1 for column in table.columns if column.startswith("mass_") and table[column].notna().any())
+
+
+def _evaluation_line(directory: Path, method: str) -> Any:
+    """``evaluation (round 10)  accuracy 0.752 (worst decile 0.682), ...`` from ``evaluation.csv``, or None."""
+    from rich.text import Text
+
+    from fedroute.core.evaluation import evaluation_line
+
+    path = directory / EVALUATION_FILE
+    if not path.is_file():
+        return None
+    import pandas as pd
+
+    try:
+        rows = pd.read_csv(path)
+    except (ValueError, OSError):  # being appended
+        return None
+    rows = rows[rows["method"] == method]
+    if rows.empty:
+        return None
+    last = rows[rows["server_round"] == rows["server_round"].max()]
+    metrics = {(row.metric if row.scope == "mean" else f"{row.metric}_{row.scope}"): float(row.value)
+               for row in last.itertuples()}
+    line = Text(f"evaluation (round {int(last['server_round'].iloc[0])})  ", style="bold")
+    line.append(evaluation_line(metrics))
+    return line
 
 
 def _active_alarms(events: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
@@ -171,8 +198,9 @@ def _method_panel(view: RunView, method: str) -> Any:
             alarm_lines.append(Text(f"✓ t={event['round_index']}: {event['message']}", style="green"))
     if not alarm_lines:
         alarm_lines.append(Text("no alarm", style="green"))
-    return Panel(Group(clusters, arm_line, loss_line, Text("alarms", style="bold"), *alarm_lines),
-                 title=title, title_align="left")
+    evaluation = _evaluation_line(view.directory, method)
+    return Panel(Group(clusters, arm_line, loss_line, *([evaluation] if evaluation is not None else []),
+                       Text("alarms", style="bold"), *alarm_lines), title=title, title_align="left")
 
 
 def render(view: RunView, method: Optional[str] = None) -> Any:

@@ -10,6 +10,7 @@ round on disk is a round the checkpoint holds.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -19,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from fedroute.core.evaluation import evaluation_line, metric_table
 from fedroute.monitoring.alarms import AlarmEvent, AlarmMonitor, AlarmSettings, log_events
 from fedroute.monitoring.progress import RoundProgress, progress_line
 from fedroute.monitoring.telemetry import (
@@ -30,10 +32,15 @@ from fedroute.monitoring.telemetry import (
     short_reason,
 )
 
-__all__ = ["RunRecorder", "ALARMS_FILE", "STATUS_FILE"]
+__all__ = ["RunRecorder", "ALARMS_FILE", "STATUS_FILE", "EVALUATION_FILE"]
+
+EVALUATION_FILE = "evaluation.csv"
+"""Every evaluation of the clients (during training and the final one), long format: ``method,
+server_round, metric, scope, value`` (:func:`fedroute.core.evaluation.metric_table`)."""
 
 ALARMS_FILE = "alarms.jsonl"
 """Alarm events, one JSON object per line, appended as they happen."""
+EVALUATION_COLUMNS = ["method", "server_round", "metric", "scope", "value"]
 STATUS_FILE = "status.json"
 """A run directory's state (``running``, ``finished``, ``failed``) and plan, written by the ServerApp and
 ``fedroute simulate``; read by ``fedroute monitor``."""
@@ -66,6 +73,8 @@ class RunRecorder:
         Where alarms and progress go.
     random_ties : bool
         Whether the clients break exact ties at random (identical copies are then no collapse).
+    table_width : int, optional
+        Per-cluster columns of the telemetry tables when methods of several ``K`` share them (≥ ``K``).
     """
 
     def __init__(
@@ -82,6 +91,7 @@ class RunRecorder:
         progress_interval: Optional[float] = 5.0,
         logger: logging.Logger = logging.getLogger("fedroute"),
         random_ties: bool = False,
+        table_width: Optional[int] = None,
     ) -> None:
         self.label = label
         self.num_clusters = int(num_clusters)
@@ -89,7 +99,7 @@ class RunRecorder:
         self.num_rounds = int(num_rounds)
         self.alarms = AlarmMonitor(num_clusters, alarm_settings, starvation_basin, controllers, random_ties)
         self.telemetry_dir = Path(telemetry_dir) if telemetry_dir is not None else None
-        self.telemetry = TelemetryWriter(self.telemetry_dir, num_clusters) if self.telemetry_dir else None
+        self.telemetry = TelemetryWriter(self.telemetry_dir, num_clusters, table_width) if self.telemetry_dir else None
         self.tensorboard_dir = Path(tensorboard_dir) if tensorboard_dir is not None else None
         self._tensorboard: Any = None
         self.progress_interval = progress_interval
@@ -144,6 +154,26 @@ class RunRecorder:
             clients = {name: values + extra[name] for name, values in clients.items()}
         self._pending.append((record, clients, events))
         return record
+
+    def evaluation(self, server_round: int, metrics: Mapping[str, float]) -> None:
+        """Record an evaluation of the clients at the models after ``server_round``: ``evaluation.csv``
+        (appended now), TensorBoard ``eval/<metric>/<scope>`` scalars and one log line."""
+        rows = metric_table(self.label, server_round, metrics)
+        if self.telemetry_dir is not None:
+            path = self.telemetry_dir / EVALUATION_FILE
+            fresh = not path.exists() or path.stat().st_size == 0
+            self.telemetry_dir.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", newline="") as stream:
+                writer = csv.DictWriter(stream, fieldnames=EVALUATION_COLUMNS, lineterminator="\n")
+                if fresh:
+                    writer.writeheader()
+                writer.writerows(rows)
+        if self._tensorboard is not None:
+            self._tensorboard.write_scalars(server_round - 1, {
+                f"eval/{row['metric']}/{row['scope']}": row["value"] for row in rows
+                if row["metric"] != "num_clients" and math.isfinite(row["value"])})
+        self.logger.info("[%s] evaluation after round %d (%d clients): %s", self.label, server_round,
+                         int(metrics.get("num_clients", 0)), evaluation_line(metrics))
 
     def rejected_outside_rounds(self, rejected: Sequence[Mapping[str, Any]]) -> None:
         """Rejected replies of the provisional or evaluation exchange (written with the next commit)."""

@@ -392,7 +392,9 @@ class TelemetryWriter:
 
     Several writers (e.g. one strategy per method of a ServerApp) may append to
     the same directory one after the other; the files must have been written
-    with the same ``K`` (the header is checked).  Every value is written with
+    with the same table width (the header is checked): ``K`` per-cluster columns, or more when
+    methods of fewer clusters (``fedavg``, ``local``: ``K = 1``) share the tables of wider ones
+    (their missing clusters' cells are empty).  Every value is written with
     Python's ``repr`` of floats, so numbers read back exactly.
 
     Parameters
@@ -400,19 +402,33 @@ class TelemetryWriter:
     directory : path
         Created if missing.
     num_clusters : int
-        ``K`` (sets the per-cluster columns).
+        ``K`` (the per-cluster columns this writer fills).
+    width : int, optional
+        Per-cluster columns of the tables (≥ ``K``; default ``K``, or the width of tables already in
+        ``directory`` when they are wider).
     """
 
-    def __init__(self, directory: str | Path, num_clusters: int) -> None:
+    def __init__(self, directory: str | Path, num_clusters: int, width: Optional[int] = None) -> None:
         self.directory = Path(directory)
         self.num_clusters = int(num_clusters)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._names = {ROUNDS_FILE: column_names(ROUND_COLUMNS, num_clusters),
-                       CLIENTS_FILE: column_names(CLIENT_COLUMNS, num_clusters)}
-        self._kinds = {ROUNDS_FILE: _kinds(ROUND_COLUMNS, num_clusters),
-                       CLIENTS_FILE: _kinds(CLIENT_COLUMNS, num_clusters)}
+        self.width = max(self.num_clusters, int(width or 0), self._written_width())
+        self._names = {ROUNDS_FILE: column_names(ROUND_COLUMNS, self.width),
+                       CLIENTS_FILE: column_names(CLIENT_COLUMNS, self.width)}
+        self._kinds = {ROUNDS_FILE: _kinds(ROUND_COLUMNS, self.width),
+                       CLIENTS_FILE: _kinds(CLIENT_COLUMNS, self.width)}
         for name in self._names:
             self._check_header(name)
+
+    def _written_width(self) -> int:
+        """The per-cluster width of a ``rounds.csv`` already written here (0: none)."""
+        path = self.directory / ROUNDS_FILE
+        if not path.is_file() or path.stat().st_size == 0:
+            return 0
+        with open(path, newline="") as stream:
+            header = next(csv.reader(stream), [])
+        width = sum(1 for name in header if name.startswith("mass_"))
+        return width if header == column_names(ROUND_COLUMNS, width) else 0
 
     def _check_header(self, name: str) -> None:
         path = self.directory / name
@@ -434,10 +450,14 @@ class TelemetryWriter:
 
     def _rows(self, name: str, columns: Mapping[str, Sequence[Any]]) -> list[list[Any]]:
         names, kinds = self._names[name], self._kinds[name]
-        missing = [column for column in names if column not in columns]
+        padding = set(column_names(ROUND_COLUMNS if name == ROUNDS_FILE else CLIENT_COLUMNS, self.width)) - set(
+            column_names(ROUND_COLUMNS if name == ROUNDS_FILE else CLIENT_COLUMNS, self.num_clusters))
+        missing = [column for column in names if column not in columns and column not in padding]
         if missing:
             raise ValueError(f"{name}: columns {missing} are missing")
-        converted = [[_PYTHON[kinds[column]](value) for value in columns[column]] for column in names]
+        count = len(next(iter(columns.values()))) if columns else 0
+        converted = [[_PYTHON[kinds[column]](value) for value in columns[column]] if column in columns
+                     else [""] * count for column in names]
         return [list(row) for row in zip(*converted)]
 
     def write_round(self, method: str, record: Mapping[str, Any], clients: Optional[Mapping[str, Sequence]] = None

@@ -73,6 +73,15 @@ class TensorBoardWriter:
                                          for tag, value in values.items()]))
         self._writer.flush()
 
+    def write_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """Scalars at ``step`` (e.g. an evaluation's ``eval/accuracy/mean``)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        if values:
+            self._event(step, Summary(value=[Summary.Value(tag=tag, simple_value=float(value))
+                                             for tag, value in values.items()]))
+            self._writer.flush()
+
     def close(self) -> None:
         """Flush and close the event file."""
         self._writer.close()

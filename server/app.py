@@ -10,7 +10,8 @@ Every message tells the clients the chosen number, so that their data and the
 server's agree.
 
 With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
-FedCAM baseline in turn on the same nodes (each with its own client-state namespace), prints a
+FedCAM baseline (named in the list, also the references ``fedavg``, ``K = 1``, and ``local``,
+:class:`~fedroute.strategies.local.LocalTraining`) in turn on the same nodes (each with its own client-state namespace), prints a
 per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
 ``status.json`` at once, the telemetry tables and alarm events round by round,
 ``summary.json``, the final models and routes as soon as each method ends
@@ -51,11 +52,12 @@ from fedroute.server.results import summary_table, write_results, write_status
 from fedroute.server.run_config import RunSettings, explicit_num_clients, parse_run_config, results_directory
 from fedroute.tasks.registry import task_from_config
 from fedroute.simulation.summary import run_summary
-from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.clustered import ClusteredRouting, evaluation_values
 from fedroute.strategies.fedcam import FedCAM
+from fedroute.strategies.local import LocalTraining
 from fedroute.strategies.records import array_record
 
-__all__ = ["app", "make_strategy", "run_method", "federation_settings", "routed_accuracy"]
+__all__ = ["app", "make_strategy", "run_method", "federation_settings"]
 
 logger = logging.getLogger("fedroute")
 app = ServerApp()
@@ -69,8 +71,11 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
     if method == "fedcam":  # Θ_glob^0: the task's zero-output start
         initial = settings.task.initial_models(routing.num_clusters)
         fedcam["initial_global_arrays"] = {"weights": initial_global_model(settings.task, initial)}
-    strategy_class = FedCAM if method == "fedcam" else ClusteredRouting
-    return strategy_class(
+    strategy_class = {"fedcam": FedCAM, "local": LocalTraining}.get(method, ClusteredRouting)
+    if method == "local" and settings.checkpoint_dir is not None:
+        logger.warning("method local keeps one model per client and does not checkpoint them: it restarts "
+                       "from round 1 if the run is resumed")
+    strategy = strategy_class(  # type: ignore[operator]
         routing,
         **fedcam,
         fraction_train=settings.fraction_train,
@@ -82,7 +87,7 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         client_config={protocol.TASK_NUM_CLIENTS: num_clients},
         seed=settings.seed,
         run_key=f"{method}-{settings.run_digest}",
-        checkpoint_dir=None if settings.checkpoint_dir is None else settings.checkpoint_dir / method,
+        checkpoint_dir=None if settings.checkpoint_dir is None or method == "local" else settings.checkpoint_dir / method,
         label=method,
         telemetry_dir=directory,
         tensorboard_dir=directory / "tensorboard" / method if settings.tensorboard else None,
@@ -90,7 +95,12 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         starvation_basin=task_starvation_basin(settings.task, routing.num_clusters),
         progress_interval=settings.progress_interval,
         influence=settings.influence,
+        evaluate_every=settings.evaluate_every,
+        fraction_evaluate=settings.fraction_evaluate,
+        min_evaluate_nodes=min(settings.min_evaluate_nodes, num_clients),
     )
+    strategy.telemetry_width = max(routing.num_clusters for routing in settings.routing.values())
+    return strategy
 
 
 def evaluated_models(strategy: ClusteredRouting, task: Any) -> list[dict[str, np.ndarray]]:
@@ -135,39 +145,23 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
     evaluation = strategy.final_evaluation
     route_counts = np.array([[row[f"routed_{k}"] for k in range(routing.num_clusters)] for row in strategy.history])
     # start() raised DeadFederation if the final evaluation brought no valid reply
+    values, _ = evaluation_values(evaluation)
     summary = run_summary(
         final,
         np.stack([reply.train_losses for reply in evaluation]),
         np.stack([reply.test_losses for reply in evaluation]),
         np.array([reply.group for reply in evaluation]),
         route_counts,
-        getattr(settings.task, "group_parameters", None),
+        None if method == "local" else getattr(settings.task, "group_parameters", None),  # R_T: of shared models
+        metric_values={name: table for name, table in values.items() if name != "test_loss"},
     )
     summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
-    summary.update(routed_accuracy(evaluation))
     rounds_run = settings.num_rounds - strategy.resumed_from_round
     summary.update(rounds=settings.num_rounds, resumed_from_round=strategy.resumed_from_round, wall_seconds=wall,
                    seconds_per_round=wall / max(rounds_run, 1),
                    rejected_replies=strategy.rejections.total, evaluated_clients=len(evaluation))
     summary.update(strategy.recorder.summary() if strategy.recorder is not None else {})
     return summary
-
-
-def routed_accuracy(evaluation: list[Any]) -> dict[str, float]:
-    """Held-out accuracy where the clients report it (``test-accuracies``, a task that classifies).
-
-    ``test_accuracy``: the mean over clients of the accuracy of the model each client picks on its training
-    data (lowest training loss at ``W^T``, controller-free, as ``K_eval`` train); ``test_accuracy_best``: of
-    the model with the best accuracy for each client (an upper bound).  Empty when a reply lacks the key.
-    """
-    if not evaluation or any(protocol.TEST_ACCURACIES not in reply.metrics for reply in evaluation):
-        return {}
-    accuracies = [np.asarray(reply.metrics[protocol.TEST_ACCURACIES], dtype=np.float64) for reply in evaluation]
-    if any(values.shape != reply.train_losses.shape for values, reply in zip(accuracies, evaluation)):
-        return {}
-    picked = [float(values[int(np.argmin(reply.train_losses))]) for values, reply in zip(accuracies, evaluation)]
-    return {"test_accuracy": float(np.mean(picked)),
-            "test_accuracy_best": float(np.mean([values.max() for values in accuracies]))}
 
 
 def _smallest_federation(run_config: dict[str, Any], num_nodes: int, tries: int = 1024) -> Optional[int]:
@@ -222,6 +216,9 @@ def _record_method(method: str, strategy: ClusteredRouting, settings: RunSetting
         models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
     if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
         models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
+    if isinstance(strategy, LocalTraining):
+        for client, model in strategy.client_models.items():
+            models[f"{method}/client-{client}"] = protocol.flatten_arrays(model)
 
 
 def _save_round_models(directory: Path, method: str, kept: dict[int, list[np.ndarray]],

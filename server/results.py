@@ -96,10 +96,10 @@ def write_results(
 
 
 def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
-    """The per-method table printed at the end of a run."""
-    accuracy = any("test_accuracy" in summary for summary in summaries.values())  # a task that classifies
+    """The per-method table printed at the end of a run (accuracy: the mean over clients, each at its
+    lowest-training-loss model, and the mean of the worst decile of clients; ``-`` where the task has none)."""
     header = f"{'method':<12} {'R_T':>7} {'recovered':>9} {'K_eval tr/te':>12} {'assign acc':>10} " \
-             + (f"{'test acc':>8} " if accuracy else "") + f"{'rounds':>6} {'wall s':>7}  alarms at the end"
+             f"{'test loss':>9} {'accuracy':>8} {'worst 10%':>9} {'rounds':>6} {'wall s':>7}  alarms at the end"
     lines = [header, "-" * len(header)]
     for method, summary in summaries.items():
         if "usable_models_train" not in summary:  # the method failed or was not evaluated
@@ -107,16 +107,21 @@ def summary_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             continue
         error = summary.get("recovery_error")
         recovered = summary.get("recovered")
+        evaluation = summary.get("evaluation_metrics", {})
         lines.append(
             f"{method:<12} {error if error is not None else float('nan'):>7.3f} "
             f"{('yes' if recovered else 'no') if recovered is not None else '-':>9} "
             f"{summary['usable_models_train']:>6}/{summary['usable_models_test']:<5} "
-            f"{summary['assignment_accuracy_test']:>10.3f} "
-            + (f"{summary.get('test_accuracy', float('nan')):>8.3f} " if accuracy else "")
-            + f"{summary['rounds']:>6} {summary['wall_seconds']:>7.1f}  "
-            f"{_alarm_text(summary)}"
+            f"{summary['assignment_accuracy_test']:>10.3f} {_value(evaluation, 'test_loss'):>9} "
+            f"{_value(evaluation, 'accuracy'):>8} {_value(evaluation, 'accuracy_worst_decile'):>9} "
+            f"{summary['rounds']:>6} {summary['wall_seconds']:>7.1f}  {_alarm_text(summary)}"
         )
     return "\n".join(lines)
+
+
+def _value(metrics: Mapping[str, Any], key: str) -> str:
+    """A metric with three decimals, ``-`` when absent."""
+    return f"{metrics[key]:.3f}" if key in metrics else "-"
 
 
 def _alarm_text(summary: Mapping[str, Any]) -> str:

@@ -14,8 +14,9 @@ from typing import Any, Mapping, Optional
 from fedroute.client.devices import check_device_name
 from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
+from fedroute.core.aggregation import SERVER_UPDATES
 from fedroute.core.influence import AGGREGATION_RULES, InfluenceBounds
-from fedroute.core.methods import METHODS, PRESETS, method_settings
+from fedroute.core.methods import ALL_METHODS, METHODS, PRESETS, method_settings
 from fedroute.core.task import Task
 from fedroute.tasks.registry import task_from_config
 
@@ -24,7 +25,11 @@ __all__ = ["RunSettings", "parse_run_config", "explicit_num_clients", "results_d
 # Keys that name outputs or the run's length, not its dynamics.
 _NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout",
                  "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval",
-                 "save-round-models", "node-wait-timeout"}
+                 "save-round-models", "node-wait-timeout", "evaluate-every", "fraction-evaluate",
+                 "min-evaluate-nodes"}
+
+# Settings whose default value leaves the digest of the runs before they existed unchanged.
+_DIGEST_NEUTRAL = {("server-update", "average")}
 
 # run-config key → AlarmSettings field.
 _ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
@@ -74,6 +79,12 @@ class RunSettings:
     ``save-round-models``)."""
     node_wait_timeout: float = 120.0
     """Seconds to wait for the federation's SuperNodes before round 1 (``node-wait-timeout``)."""
+    evaluate_every: int = 0
+    """Evaluate the clients after every ``evaluate-every``-th round (0: only the final evaluation)."""
+    fraction_evaluate: float = 1.0
+    """Share of the nodes an evaluation during training asks (``fraction-evaluate``, as in ``FedAvg``)."""
+    min_evaluate_nodes: int = 2
+    """The fewest nodes an evaluation during training asks (``min-evaluate-nodes``)."""
 
 
 def explicit_num_clients(config: Mapping[str, Any]) -> bool:
@@ -148,8 +159,12 @@ def _influence(config: Mapping[str, Any]) -> InfluenceBounds:
     if rule not in AGGREGATION_RULES:
         raise ValueError(f"run-config 'aggregation' = {_shown(rule)} is invalid; allowed: {AGGREGATION_RULES}")
     beta = _number(config, "trim-fraction", 0.0, 0.49) if "trim-fraction" in config else defaults.trim_fraction
+    update = str(config.get("server-update", defaults.server_update))
+    if update not in SERVER_UPDATES:
+        raise ValueError(f"run-config 'server-update' = {_shown(update)} is invalid; allowed: {SERVER_UPDATES} "
+                         "(\"average\": the paper's model averaging; \"ifca-gradient\": IFCA's gradient step)")
     return InfluenceBounds(max_weight_ratio=ratio, max_update_norm=norm or None, aggregation=rule,
-                           trim_fraction=beta)
+                           trim_fraction=beta, server_update=update)
 
 
 def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,9 +223,10 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     """
     method = str(config.get("method", "all"))
     methods = METHODS if method == "all" else tuple(part.strip() for part in method.split(","))
-    if not methods or any(name not in METHODS for name in methods) or len(set(methods)) != len(methods):
-        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all', one of {METHODS} "
-                         "or several of them, comma-separated and distinct (e.g. 'greedy,exp3')")
+    if not methods or any(name not in ALL_METHODS for name in methods) or len(set(methods)) != len(methods):
+        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all' ({', '.join(METHODS)}), "
+                         f"one of {ALL_METHODS} or several of them, comma-separated and distinct "
+                         "(e.g. 'greedy,exp3,fedavg,local')")
     # Run-level numbers first: their errors name their key before a task sees them.
     num_rounds = _integer(config, "num-server-rounds", 1, MAX_ROUNDS) if "num-server-rounds" in config else 80
     seed = _integer(config, "seed", 0, MAX_SEED) if "seed" in config else 0
@@ -235,7 +251,8 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
             raise ValueError(f"run config, method {name!r}: {message}") from None
     results_dir = results_directory(config)
     checkpoint_text = str(config.get("checkpoint-dir", ""))
-    dynamics = {key: value for key, value in sorted(config.items()) if key not in _NOT_DYNAMICS}
+    dynamics = {key: value for key, value in sorted(config.items())
+                if key not in _NOT_DYNAMICS and (key, value) not in _DIGEST_NEUTRAL}
     digest = hashlib.sha256(json.dumps(dynamics, sort_keys=True, default=str).encode()).hexdigest()[:12]
     checkpoint_dir = _absolute(checkpoint_text) if checkpoint_text else None
     if checkpoint_dir is None and os.environ.get(CHECKPOINT_ENVIRONMENT):
@@ -261,7 +278,23 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
         influence=influence,
         save_round_models=_boolean(config, "save-round-models") if "save-round-models" in config else False,
         node_wait_timeout=_number(config, "node-wait-timeout", 1e-3, 1e7) if "node-wait-timeout" in config else 120.0,
+        evaluate_every=_evaluate_every(config, num_rounds),
+        fraction_evaluate=_number(config, "fraction-evaluate", 0.0, 1.0) if "fraction-evaluate" in config else 1.0,
+        min_evaluate_nodes=_integer(config, "min-evaluate-nodes", 0, MAX_NODES) if "min-evaluate-nodes" in config
+        else 2,
     )
+
+
+def _evaluate_every(config: Mapping[str, Any], num_rounds: int) -> int:
+    """``evaluate-every``: 0 (only the final evaluation) or a number of rounds in ``[1, num-server-rounds]``."""
+    if "evaluate-every" not in config:
+        return 0
+    value = config["evaluate-every"]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= num_rounds:
+        raise ValueError(f"run-config 'evaluate-every' = {_shown(value)} is invalid; allowed: 0 (only the final "
+                         f"evaluation) or an integer in [1, num-server-rounds = {num_rounds}] (evaluate the clients "
+                         "after every that many rounds), e.g. --run-config 'evaluate-every=5'")
+    return value
 
 
 def results_directory(config: Mapping[str, Any]) -> Path:

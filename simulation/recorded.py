@@ -15,16 +15,57 @@ from typing import Any, Optional
 
 import numpy as np
 
+from fedroute.core.evaluation import evaluation_metrics, task_metrics
 from fedroute.core.participation import Participation
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.server.results import atomic_write_text, write_status
 from fedroute.server.run_config import RunSettings
 from fedroute.simulation.fedcam import simulate_fedcam_batch
-from fedroute.simulation.simulator import recording, simulate
+from fedroute.simulation.simulator import recording, simulate, simulate_local
 from fedroute.simulation.summary import run_summary
 
-__all__ = ["simulate_run"]
+__all__ = ["simulate_run", "record_evaluations"]
+
+
+def record_evaluations(recorder: RunRecorder, clients: Any, cluster_models: np.ndarray, every: int) -> None:
+    """The evaluations during training of a simulated run (every client, after every ``every``-th round
+    before the last), as the Flower strategy records them (``evaluation.csv``, TensorBoard, log).
+
+    ``cluster_models`` is ``W^0 … W^T``, shape (T+1, K, P).
+    """
+    num_rounds = len(cluster_models) - 1
+    for server_round in range(every, num_rounds, every) if every else ():
+        models = cluster_models[server_round]
+        recorder.evaluation(server_round, evaluation_metrics(
+            {"test_loss": clients.losses(models, "test"), **task_metrics(clients, models)},
+            clients.losses(models, "train"), clients.groups))
+
+
+def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder: RunRecorder) -> dict[str, Any]:
+    """One method in the simulator, its rounds and evaluations during training recorded; its summary."""
+    task, routing = settings.task, settings.routing[method]
+    if method == "local":  # each client's own model: scored as a set of one model per client
+        per_client = simulate_local(task, settings.num_rounds)[:, :, None, :]
+        record_evaluations(recorder, clients, per_client, settings.evaluate_every)
+        final = per_client[-1]
+        return run_summary(final.mean(axis=0), clients.losses(final, "train"), clients.losses(final, "test"),
+                           clients.groups, np.full((settings.num_rounds, 1), task.num_clients), None,
+                           task_metrics(clients, final))
+    if method == "fedcam":
+        batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
+                                      on_round=recording(recorder))
+        final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
+    else:
+        history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder),
+                           participation=Participation(settings.fraction_train, settings.min_train_nodes,
+                                                       settings.report_memory),
+                           influence=settings.influence)
+        final, routes = history.cluster_models[-1], history.routes
+        record_evaluations(recorder, clients, history.cluster_models, settings.evaluate_every)
+    counts = np.stack([np.bincount(r[r >= 0], minlength=routing.num_clusters) for r in routes])
+    return run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"), clients.groups, counts,
+                       getattr(task, "group_parameters", None), task_metrics(clients, final))
 
 
 def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progress: bool = False) -> dict[str, Any]:
@@ -65,24 +106,14 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
             tensorboard_dir=directory / "tensorboard" / method if directory is not None and settings.tensorboard
             else None,
             progress_interval=settings.progress_interval if progress else None,
-            random_ties=routing.tie_breaking == "random")
+            random_ties=routing.tie_breaking == "random",
+            table_width=max(other.num_clusters for other in settings.routing.values()))
         recorder.start()
         try:
-            if method == "fedcam":
-                batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
-                                              on_round=recording(recorder))
-                final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
-            else:
-                history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder),
-                                   participation=Participation(settings.fraction_train, settings.min_train_nodes,
-                                                               settings.report_memory),
-                                   influence=settings.influence)
-                final, routes = history.cluster_models[-1], history.routes
+            summaries[method] = _simulated_method(settings, method, clients, recorder)
+            recorder.evaluation(settings.num_rounds, summaries[method]["evaluation_metrics"])
         finally:
             recorder.close()
-        counts = np.stack([np.bincount(r[r >= 0], minlength=routing.num_clusters) for r in routes])
-        summaries[method] = run_summary(final, clients.losses(final, "train"), clients.losses(final, "test"),
-                                        clients.groups, counts, getattr(task, "group_parameters", None))
         summaries[method].update(rounds=settings.num_rounds, **recorder.summary())
         if directory is not None:
             atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2))

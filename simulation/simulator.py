@@ -35,7 +35,7 @@ from fedroute.core.task import ClientBatch, Task
 from fedroute.monitoring.telemetry import ClientReplies, node_id_array
 
 __all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
-           "select_clients", "recording", "changed_models", "kept_model_rounds"]
+           "select_clients", "recording", "changed_models", "kept_model_rounds", "simulate_local"]
 
 
 class SimulatedRound:
@@ -473,3 +473,31 @@ def simulate(task: Task, settings: RoutingSettings, num_rounds: int, seed: int,
         num_examples=batch.num_examples[0],
         final_state=detail["final_state"],
     )
+
+
+def simulate_local(task: Task, num_rounds: int) -> NDArray[np.floating]:
+    """The ``local`` reference: every client trains its own model alone from ``task.initial_models(1)``.
+
+    What :class:`~fedroute.strategies.local.LocalTraining` does in Flower: round ``t`` applies the
+    task's local update of round ``t`` to every client's own model.
+
+    Parameters
+    ----------
+    task : Task
+        Client data and the initial model.
+    num_rounds : int
+        ``T`` (≥ 1).
+
+    Returns
+    -------
+    ndarray, shape (T+1, n, P)
+        Every client's model before round 1 and after every round.
+    """
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be ≥ 1, got {num_rounds}")
+    clients = task.clients(np.arange(task.num_clients))
+    everyone = np.arange(task.num_clients)
+    models = [np.repeat(task.initial_models(1), task.num_clients, axis=0)]
+    for round_index in range(num_rounds):
+        models.append(np.asarray(clients.local_update(models[-1], everyone, round_index)))
+    return np.stack(models)

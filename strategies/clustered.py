@@ -25,7 +25,9 @@ from flwr.serverapp.strategy import Result, Strategy
 from numpy.typing import NDArray
 
 from fedroute import protocol
+from fedroute.core.evaluation import chosen_values, evaluation_metrics
 from fedroute.core.federation import FederationState
+from fedroute.core.randomness import Purpose, generator
 from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
 from fedroute.core.participation import Participation, sample_size
 from fedroute.core.settings import RoutingSettings
@@ -56,6 +58,7 @@ from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.results import (
     ClientRoutes,
     RejectedReply,
+    MetricsAggregation,
     RoundRecord,
     cluster_metric_record,
     aggregate_cluster_metrics,
@@ -140,6 +143,25 @@ class ClusteredRouting(Strategy):
         Rounds a client's latest report counts in the masses (≥ 1); default: 1 with full
         participation, else the rounds within which a client is sampled at least once
         with probability 0.99 (:func:`fedroute.core.participation.report_memory`).
+    evaluate_every : int, default 0
+        Evaluate the clients during training after every ``evaluate_every``-th round (≥ 0;
+        0 = only the final evaluation).  An evaluation is controller-free: the nodes report
+        every model's losses and metrics and change no state.
+    fraction_evaluate : float, default 1.0
+        As in Flower's ``FedAvg``: fraction of the connected nodes asked in an evaluation during
+        training, in ``[0, 1]`` (at least ``min_evaluate_nodes``; drawn from the seed and the
+        round).  The final evaluation (``evaluate_at_end``) always asks every node.
+    min_evaluate_nodes : int, default 2
+        As in ``FedAvg``: the fewest nodes an evaluation during training asks (≥ 0).
+    train_metrics_aggr_fn : callable, optional
+        As in ``FedAvg``: ``(list[RecordDict], "num-examples") -> MetricRecord``, applied to each
+        cluster's ``train-metrics`` replies (default: Flower's ``aggregate_metricrecords``).
+    evaluate_metrics_aggr_fn : callable, optional
+        As in ``FedAvg``: ``(list[RecordDict], "num-examples") -> MetricRecord``, applied to the
+        evaluated clients, one RecordDict each with MetricRecord ``metrics`` holding its values at its
+        chosen model (``test_loss``, every metric, ``cluster``, ``num-examples``); the result goes to
+        ``Result.evaluate_metrics_clientapp``.  Default: :func:`fedroute.core.evaluation.evaluation_metrics`
+        (mean, worst decile, per cluster and per group), which :attr:`evaluation` always keeps.
 
     Replies are checked (:mod:`~fedroute.strategies.validation`), and a client id
     is bound to the node that first sent a valid reply for it
@@ -169,9 +191,20 @@ class ClusteredRouting(Strategy):
         progress_interval: Optional[float] = 5.0,
         influence: Optional[InfluenceBounds] = None,
         report_memory: Optional[int] = None,
+        evaluate_every: int = 0,
+        fraction_evaluate: float = 1.0,
+        min_evaluate_nodes: int = 2,
+        train_metrics_aggr_fn: Optional[MetricsAggregation] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregation] = None,
     ) -> None:
         if not 0.0 < fraction_train <= 1.0:
             raise ValueError(f"fraction_train = {fraction_train} is invalid; allowed: (0, 1]")
+        _check_evaluation(evaluate_every, fraction_evaluate, min_evaluate_nodes)
+        self.evaluate_every = int(evaluate_every)
+        self.fraction_evaluate = float(fraction_evaluate)
+        self.min_evaluate_nodes = int(min_evaluate_nodes)
+        self.train_metrics_aggr_fn = train_metrics_aggr_fn
+        self.evaluate_metrics_aggr_fn = evaluate_metrics_aggr_fn
         for name, value in (("min_train_nodes", min_train_nodes), ("min_available_nodes", min_available_nodes)):
             if int(value) != value or value < 1:
                 raise ValueError(f"{name} = {value} is invalid; allowed: an integer ≥ 1")
@@ -219,11 +252,18 @@ class ClusteredRouting(Strategy):
         """Round ``t`` → client id → executed hard route."""
         self.final_evaluation: list[EvaluateReply] = []
         """The validated replies of the final controller-free evaluation."""
+        self.evaluation: dict[int, dict[str, float]] = {}
+        """Server round → the aggregated evaluation of the clients asked then
+        (:func:`fedroute.core.evaluation.evaluation_metrics`: ``test_loss``, ``accuracy``, ... with
+        ``_worst_decile``, ``_cluster_<k>``, ``_group_<g>``; ``num_clients``).  A row of ``evaluation.csv`` each."""
         self.cluster_train_metrics: dict[int, dict[int, MetricRecord]] = {}
         """Server round → cluster → the ``train_fn`` metrics of its clients, averaged by ``num-examples``."""
         self.server_evaluation: dict[int, dict[int, MetricRecord]] = {}
         """Server round (0 = initial models) → cluster → what ``evaluate_fn`` returned for that cluster's model."""
         self.recorder: Optional[RunRecorder] = None
+        self.telemetry_width: Optional[int] = None
+        """Per-cluster columns of ``rounds.csv``/``clients.csv`` when methods of several ``K`` share them
+        (the ServerApp sets the run's largest ``K``); ``None``: this strategy's ``K``."""
         self.influence = influence if influence is not None else InfluenceBounds()
         self.rejections = RejectionLog()
         self.bindings = ClientBindings()
@@ -279,7 +319,7 @@ class ClusteredRouting(Strategy):
                 alarm_settings=self.alarm_settings, starvation_basin=self.starvation_basin,
                 telemetry_dir=self.telemetry_dir, tensorboard_dir=self.tensorboard_dir,
                 progress_interval=self.progress_interval, logger=logger,
-                random_ties=self.routing.tie_breaking == "random")
+                random_ties=self.routing.tie_breaking == "random", table_width=self.telemetry_width)
         return self.recorder
 
     def summary(self) -> None:
@@ -511,22 +551,41 @@ class ClusteredRouting(Strategy):
             self._save(server_round)
             self._round_ended()
             self._evaluate_on_server(server_round, evaluate_fn, result)
+            if server_round < num_rounds:
+                self._evaluate_clients(server_round, grid, evaluate_config, result)
         if (silent := self._recorder().alarms.unanswered_run(num_rounds)) is not None:  # a run shorter than N
             log_events(logger, self.label, [silent])
             self._recorder().close()
             raise DeadFederation(silent.message)
         packed = self._packed_models()
-        evaluation = self.configure_evaluate(num_rounds, packed, evaluate_config or ConfigRecord(), grid)
-        if evaluation:
-            metrics = self.aggregate_evaluate(num_rounds, grid.send_and_receive(evaluation, timeout=self.round_timeout))
-            if metrics is not None:
-                result.evaluate_metrics_clientapp[num_rounds] = metrics
+        evaluation = self._evaluate_clients(num_rounds, grid, evaluate_config, result)
         self._recorder().close()
-        if evaluation and not self.final_evaluation:
+        if evaluation and self.evaluate_at_end and not self.final_evaluation:
             asked, reasons = len(list(evaluation)), self.rejections.reasons(num_rounds, "evaluate")
             raise DeadFederation(evaluation_failure(asked, reasons))
         result.arrays = packed
         return result
+
+    def _evaluate_clients(self, server_round: int, grid: Grid, config: Optional[ConfigRecord],
+                          result: Result) -> list[Message]:
+        """The round's client evaluation, if it has one (:meth:`configure_evaluate`); return the messages sent."""
+        messages = list(self.configure_evaluate(server_round, self._packed_models(), config or ConfigRecord(), grid))
+        if messages:
+            metrics = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=self.round_timeout))
+            if metrics is not None:
+                result.evaluate_metrics_clientapp[server_round] = metrics
+        return messages
+
+    def _evaluation_nodes(self, grid: Grid, server_round: int) -> list[int]:
+        """The nodes an evaluation during training asks: ``fraction_evaluate`` of the connected ones (at least
+        ``min_evaluate_nodes``), drawn from ``(seed, server_round)``."""
+        node_ids = sorted(grid.get_node_ids())
+        count = sample_size(len(node_ids), self.fraction_evaluate, self.min_evaluate_nodes)
+        if count >= len(node_ids):
+            return node_ids
+        chosen = generator(self.seed, 0, server_round, Purpose.EVALUATE_SAMPLING).choice(len(node_ids), count,
+                                                                                        replace=False)
+        return sorted(node_ids[i] for i in chosen)
 
     def _round_ended(self) -> None:
         """After a round's checkpoint: its telemetry goes to disk; a dead federation stops the run."""
@@ -692,7 +751,7 @@ class ClusteredRouting(Strategy):
         self.history.append(record)  # type: ignore[arg-type]
         self.client_routes[server_round - 1] = {reply.client_id: reply.cluster for reply in valid}
         cluster_metrics = aggregate_cluster_metrics(
-            [(reply.cluster, reply.num_examples, reply.train_metrics) for reply in valid])
+            [(reply.cluster, reply.num_examples, reply.train_metrics) for reply in valid], self.train_metrics_aggr_fn)
         if cluster_metrics:
             self.cluster_train_metrics[server_round] = cluster_metrics
         metrics = MetricRecord({
@@ -729,29 +788,80 @@ class ClusteredRouting(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """After the last round only: ask every node for the losses of all ``K`` models."""
-        if not self.evaluate_at_end or server_round != self._num_rounds:
+        """Evaluation messages: after the last round every node (``evaluate_at_end``); after every
+        ``evaluate_every``-th round ``fraction_evaluate`` of them; none otherwise."""
+        if self.evaluate_at_end and server_round == self._num_rounds:
+            node_ids = sorted(grid.get_node_ids())
+        elif self.evaluate_every and server_round % self.evaluate_every == 0:
+            node_ids = self._evaluation_nodes(grid, server_round)
+        else:
             return []
         self._adopt(arrays)
-        node_ids = sorted(grid.get_node_ids())
         return self._messages(node_ids, MessageType.EVALUATE, {
             **dict(config.items()), protocol.PHASE: protocol.PHASE_EVALUATE,
             protocol.SERVER_ROUND: server_round, protocol.ROUND_INDEX: server_round,
         })
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Keep the validated per-client losses; report how many models are usable."""
+        """Validate the per-client losses and metrics, aggregate them (:attr:`evaluation`, ``evaluation.csv``);
+        keep the final evaluation's replies (:attr:`final_evaluation`); report how many models are usable."""
         replies = list(replies)
         if not replies:
             return None
-        self.final_evaluation = self._valid(
-            replies, lambda c: validate_evaluate_reply(c, self.num_clusters), server_round, "evaluate")
-        if not self.final_evaluation:
+        valid = self._valid(replies, lambda c: validate_evaluate_reply(c, self.num_clusters), server_round, "evaluate")
+        if server_round >= self._num_rounds:
+            self.final_evaluation = valid
+        if not valid:
             return None
-        train_choice = np.array([np.argmin(r.train_losses) for r in self.final_evaluation])
-        test_choice = np.array([np.argmin(r.test_losses) for r in self.final_evaluation])
-        return MetricRecord({
+        values, train_losses = evaluation_values(valid)
+        groups = np.array([r.group for r in valid], dtype=np.int64)
+        self.evaluation[server_round] = evaluation_metrics(values, train_losses, groups)
+        self._recorder().evaluation(server_round, self.evaluation[server_round])
+        train_choice = np.array([np.argmin(r.train_losses) for r in valid])
+        test_choice = np.array([np.argmin(r.test_losses) for r in valid])
+        record = MetricRecord({
             "usable-models-train": int(len(np.unique(train_choice))),
             "usable-models-test": int(len(np.unique(test_choice))),
-            "num-clients": len(self.final_evaluation),
+            "num-clients": len(valid),
         })
+        if self.evaluate_metrics_aggr_fn is not None:
+            record.update(self.evaluate_metrics_aggr_fn(client_records(valid, values, train_losses),
+                                                        protocol.NUM_EXAMPLES))
+        else:
+            record.update({name: value for name, value in self.evaluation[server_round].items()
+                           if name != "num_clients"})
+        return record
+
+
+def _check_evaluation(evaluate_every: Any, fraction_evaluate: Any, min_evaluate_nodes: Any) -> None:
+    """The evaluation settings of :class:`ClusteredRouting`, each error naming the argument and its range."""
+    if isinstance(evaluate_every, bool) or int(evaluate_every) != evaluate_every or evaluate_every < 0:
+        raise ValueError(f"evaluate_every = {evaluate_every!r} is invalid; allowed: an integer ≥ 0 "
+                         "(0 = only the final evaluation)")
+    if isinstance(fraction_evaluate, bool) or not 0.0 <= float(fraction_evaluate) <= 1.0:
+        raise ValueError(f"fraction_evaluate = {fraction_evaluate!r} is invalid; allowed: a number in [0, 1]")
+    if isinstance(min_evaluate_nodes, bool) or int(min_evaluate_nodes) != min_evaluate_nodes or min_evaluate_nodes < 0:
+        raise ValueError(f"min_evaluate_nodes = {min_evaluate_nodes!r} is invalid; allowed: an integer ≥ 0")
+
+
+def evaluation_values(replies: Sequence[EvaluateReply]) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
+    """The evaluation's tables, (n, K) each: ``test_loss`` and every metric all replies report; and the
+    training losses (which choose each client's model)."""
+    names = set(replies[0].model_metrics)
+    for reply in replies[1:]:
+        names &= set(reply.model_metrics)
+    values = {"test_loss": np.stack([r.test_losses for r in replies])}
+    values.update({name: np.stack([r.model_metrics[name] for r in replies]) for name in sorted(names)})
+    return values, np.stack([r.train_losses for r in replies])
+
+
+def client_records(replies: Sequence[EvaluateReply], values: Mapping[str, NDArray[np.float64]],
+                   train_losses: NDArray[np.float64]) -> list[RecordDict]:
+    """One RecordDict per evaluated client for ``evaluate_metrics_aggr_fn``: MetricRecord ``metrics`` with its
+    values at its chosen model, its ``cluster`` (that model) and ``num-examples``."""
+    chosen = np.argmin(train_losses, axis=1)
+    picked = {name: chosen_values(table, train_losses) for name, table in values.items()}
+    return [RecordDict({protocol.METRICS: MetricRecord({
+        **{name: float(column[i]) for name, column in picked.items()},
+        protocol.CLUSTER: int(chosen[i]), protocol.NUM_EXAMPLES: float(reply.num_examples)})})
+        for i, reply in enumerate(replies)]

@@ -15,14 +15,15 @@ records into one.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Optional, Sequence, TypedDict
+from typing import Any, Callable, Mapping, Optional, Sequence, TypedDict
 
 from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedroute import protocol
 
-__all__ = ["RoundRecord", "RejectedReply", "ClientRoutes", "aggregate_cluster_metrics", "cluster_metric_record"]
+__all__ = ["RoundRecord", "RejectedReply", "ClientRoutes", "aggregate_cluster_metrics", "cluster_metric_record",
+           "MetricsAggregation"]
 
 logger = logging.getLogger("fedroute")
 
@@ -81,9 +82,14 @@ class RejectedReply(TypedDict):
 ClientRoutes = dict[int, dict[int, int]]
 """``strategy.client_routes[t][client_id]``: the cluster client ``client_id`` trained in round ``t``."""
 
+MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
+"""Flower ``FedAvg``'s ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: ``(replies' RecordDicts,
+weighting key) -> MetricRecord`` (default: ``aggregate_metricrecords``, the weighted mean)."""
+
 
 def aggregate_cluster_metrics(
     replies: Sequence[tuple[int, float, Optional[Mapping[str, Any]]]],
+    aggregate: Optional[MetricsAggregation] = None,
 ) -> dict[int, MetricRecord]:
     """Each cluster's ``train_fn`` metrics, averaged like ``FedAvg`` averages a ``MetricRecord``.
 
@@ -91,6 +97,10 @@ def aggregate_cluster_metrics(
     ----------
     replies : sequence of (cluster, num_examples, metrics or None)
         One entry per accepted reply; replies without metrics are left out.
+    aggregate : callable, optional
+        ``train_metrics_aggr_fn(records, "num-examples") -> MetricRecord`` applied to each cluster's
+        replies (each a RecordDict with MetricRecord ``train-metrics``, ``num-examples`` included);
+        Flower's ``aggregate_metricrecords`` by default.
 
     Returns
     -------
@@ -112,7 +122,7 @@ def aggregate_cluster_metrics(
             logger.warning("train metrics of cluster %d not aggregated: replies report different keys", cluster)
             continue
         try:
-            aggregated[cluster] = aggregate_metricrecords(records, protocol.NUM_EXAMPLES)
+            aggregated[cluster] = (aggregate or aggregate_metricrecords)(records, protocol.NUM_EXAMPLES)
         except ValueError as error:  # lists of different lengths
             logger.warning("train metrics of cluster %d not aggregated: %s", cluster, error)
     return aggregated

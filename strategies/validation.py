@@ -151,6 +151,8 @@ class EvaluateReply:
     """The whole reply MetricRecord."""
     node_id: int = -1
     """The Flower node the reply came from (set by the strategy; -1 = unknown)."""
+    model_metrics: dict[str, NDArray[np.float64]] = field(default_factory=dict)
+    """The ``evaluate-metrics`` record: metric name → its value for each of the ``K`` models, shape (K,)."""
 
 
 def _record(content: Mapping[str, Any], key: str, kind: str) -> Any:
@@ -365,7 +367,23 @@ def validate_evaluate_reply(content: Mapping[str, Any], num_clusters: int) -> Ev
         test_losses=_vector(metrics, protocol.TEST_LOSSES, num_clusters),
         group=_integer(metrics, protocol.GROUP, -1, 2**31),
         metrics=metrics,
+        model_metrics=validate_model_metrics(content, num_clusters),
     )
+
+
+def validate_model_metrics(content: Mapping[str, Any], num_clusters: int) -> dict[str, NDArray[np.float64]]:
+    """The optional ``evaluate-metrics`` MetricRecord: at most 64 names, each a list of ``K`` finite numbers."""
+    if protocol.EVALUATE_METRICS not in content:
+        return {}
+    record = content[protocol.EVALUATE_METRICS]
+    if not isinstance(record, (MetricRecord, dict)):
+        raise ReplyRejected(f"'{protocol.EVALUATE_METRICS}' must be a MetricRecord, got {describe(record)}")
+    metrics = dict(record.items())
+    if len(metrics) > MAX_TRAIN_METRICS:
+        raise ReplyRejected(f"'{protocol.EVALUATE_METRICS}' holds {len(metrics)} keys; at most {MAX_TRAIN_METRICS}")
+    if any(not isinstance(key, str) or len(key) > TEXT_LIMIT for key in metrics):
+        raise ReplyRejected(f"'{protocol.EVALUATE_METRICS}' has a key longer than {TEXT_LIMIT} characters")
+    return {key: _vector(metrics, key, num_clusters) for key in metrics}
 
 
 def first_reply_per_client(replies: list, client_id_of: Optional[Any] = None) -> tuple[list, list]:

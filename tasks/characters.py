@@ -422,6 +422,32 @@ class CharactersClients:
                     out[start:stop, k] = -(picked * s).sum(1)
         return out.numpy().astype(np.float64)
 
+    def metrics(self, cluster_models: NDArray[np.floating], split: str = "test") -> dict[str, NDArray[np.float64]]:
+        """``accuracy``: share of each client's real samples whose largest logit is the label, (n, K).
+
+        ``cluster_models`` is ``(K, P)`` (shared) or ``(n, K, P)`` (client ``i`` scored on its own set).
+        """
+        torch = _torch()
+        inputs, labels, weights = self._split_arrays(split)
+        models = np.ascontiguousarray(cluster_models, dtype=np.float32)
+        if models.ndim not in (2, 3) or (models.ndim == 3 and len(models) != len(inputs)):
+            raise ValueError(f"cluster_models must be (K, P) or (n={len(inputs)}, K, P), got {models.shape}")
+        n, num_clusters = len(inputs), models.shape[-2]
+        per_client = np.broadcast_to(models, (n,) + models.shape[-2:])
+        x, y = torch.from_numpy(inputs), torch.from_numpy(labels)
+        real = torch.from_numpy((weights > 0).astype(np.float32))
+        share = torch.from_numpy(weights)
+        out = np.empty((n, num_clusters))
+        with torch.no_grad():
+            for k in range(num_clusters):
+                w1, b1, w2, b2 = _split(torch.from_numpy(np.ascontiguousarray(per_client[:, k])), inputs.shape[-1],
+                                        self.hidden_units, self.num_classes)
+                z1 = torch.baddbmm(b1[:, :, None], w1, x.transpose(1, 2))
+                z2 = torch.baddbmm(b2[:, :, None], w2, torch.relu_(z1))          # (n, C, S)
+                correct = (z2.argmax(dim=1) == y).to(torch.float32) * real
+                out[:, k] = (correct * share).sum(1).numpy()
+        return {"accuracy": out}
+
     def gradients(self, models: NDArray[np.floating], client_index: NDArray[np.int64]) -> NDArray[np.float32]:
         """Gradient of client ``client_index[j]``'s mean training cross-entropy at model row ``j``, (m, P)."""
         torch = _torch()

@@ -27,7 +27,7 @@ __all__ = ["DatasetClient"]
 
 
 class DatasetClient(TorchClient):
-    """A dataset-task client (a batch of one); also reports every model's accuracy (:meth:`accuracies`).
+    """A dataset-task client (a batch of one); also reports every model's accuracy (:meth:`metrics`).
 
     Parameters
     ----------
@@ -77,6 +77,10 @@ class DatasetClient(TorchClient):
         """:meth:`TorchClient.local_update` with the round's batch order."""
         self._round = int(round_index)
         return super().local_update(models, client_index, round_index)
+
+    def metrics(self, cluster_models: NDArray[np.floating], split: str = "test") -> dict[str, NDArray[np.float64]]:
+        """``{"accuracy": (1, K)}``: what the evaluation reports besides the losses (:mod:`fedroute.core.evaluation`)."""
+        return {"accuracy": self.accuracies(cluster_models, split)}
 
     def accuracies(self, cluster_models: NDArray[np.floating], split: str = "test") -> NDArray[np.float64]:
         """Share of correctly classified rows of each of the ``K`` models, shape ``(1, K)``."""

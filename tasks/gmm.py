@@ -401,6 +401,20 @@ class GMMClients:
         picked = moments @ flat.T if flat.ndim == 2 else np.matmul(flat, moments[:, :, None])[..., 0]
         return log_normaliser - picked                                   # mean_s (logsumexp − z_y)
 
+    def metrics(self, cluster_models: NDArray[np.floating], split: str = "test") -> dict[str, NDArray[np.float64]]:
+        """``accuracy``: share of each client's samples whose largest logit is the label, (n, K).
+
+        ``cluster_models`` is ``(K, P)`` (shared) or ``(n, K, P)`` (one set per client).
+        """
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        data = self._train if split == "train" else self._test
+        weights = self._as_matrices(cluster_models)                      # (K, C, d+1) or (n, K, C, d+1)
+        if weights.ndim == 3:
+            weights = np.broadcast_to(weights, (len(data.labels),) + weights.shape)
+        logits = np.matmul(weights, data.features_t[:, None])            # (n, K, C, s)
+        return {"accuracy": (logits.argmax(axis=2) == data.labels[:, None, :]).mean(axis=-1)}
+
     def local_update(
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
     ) -> NDArray[np.floating]:

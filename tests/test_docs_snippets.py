@@ -96,8 +96,11 @@ class UserCode:
         def my_mean_loss(model: torch.nn.Module, loader: list) -> float:
             return float(np.mean([torch.nn.functional.cross_entropy(model(x), y).item() for x, y in loader]))
 
-        return {"Net": Net, "my_training_loop": my_training_loop, "my_mean_loss": my_mean_loss, "n": 64,
-                "app": ClientApp()}
+        def my_accuracy(model: torch.nn.Module, loader: list) -> float:
+            return float(np.mean([(model(x).argmax(1) == y).float().mean().item() for x, y in loader]))
+
+        return {"Net": Net, "my_training_loop": my_training_loop, "my_mean_loss": my_mean_loss,
+                "my_accuracy": my_accuracy, "n": 64, "app": ClientApp()}
 
 
 class SnippetNodes(FlowerClientGrid):
@@ -113,6 +116,7 @@ class SnippetNodes(FlowerClientGrid):
         for message in messages:
             node = int(self.contexts[message.metadata.dst_node_id].node_config["partition-id"])
             self.namespace["trainloader"], self.namespace["testloader"] = self.user.loaders[node]
+            self.namespace["my_group"] = node % 2  # the boundary node i's labels follow
             replies += super().send_and_receive([message], timeout)
         return replies
 
@@ -152,6 +156,14 @@ def test_the_after_snippet_runs_clustered_routing_with_train_config_and_a_loss_r
     assert all(list(record) == ["train_loss"] for rounds in strategy.cluster_train_metrics.values()
                for record in rounds.values())
     assert sorted(strategy.cluster_train_metrics) == list(range(1, 21))
+    # evaluation during training and accuracy per group, through the public API
+    assert sorted(strategy.evaluation) == [5, 10, 15, 20]
+    final = strategy.evaluation[20]
+    assert final["num_clients"] == NUM_NODES and 0.5 < final["accuracy"] <= 1.0
+    assert {"accuracy_group_0", "accuracy_group_1", "accuracy_worst_decile"} <= set(final)
+    assert result.evaluate_metrics_clientapp[5]["accuracy"] == strategy.evaluation[5]["accuracy"]
+    evaluations = [m for m in grid.sent if m.metadata.message_type == "evaluate"]
+    assert len(evaluations) == 4 * NUM_NODES and all(m.content["config"]["batch"] == 32 for m in evaluations)
 
 
 # --------------------------------------------------------------------------------- the API table

@@ -65,10 +65,12 @@ CONVERGED_TOLERANCE = 0.10
 """A separated group's held-out loss may exceed its alone reference by this share."""
 NO_HARM_TOLERANCE = 0.02
 """Where Greedy converges, a method's final routed loss may exceed Greedy's by this share."""
-TARGET_RECOVERY = 0.90
-"""Done criterion: default EXP3 separates and converges in this share of the Greedy failures."""
-TARGET_NO_HARM = 0.95
-"""Done criterion: no harm in this share of the runs where Greedy converges."""
+TARGET_RECOVERY = 0.95
+"""Done criterion (issue 21): default EXP3 separates and converges in this share of the Greedy failures."""
+TARGET_NO_HARM = 0.99
+"""Done criterion (issue 21): no harm in this share of the runs where Greedy converges."""
+PARTICIPATION_FLOOR = 0.25
+"""Done criterion (issue 21): the bars hold at every participation fraction at least this large."""
 HORIZON_TOLERANCE = 0.05
 """Horizon check: the alone reference at ``T/2`` is within this share of its value at ``T``."""
 DEV_FIRST_SEED = 100
@@ -527,6 +529,12 @@ def study(config: ScenarioConfig) -> ScenarioConfig:
 # --------------------------------------------------------------------------- #
 # Running
 # --------------------------------------------------------------------------- #
+def default_against_greedy(config: ScenarioConfig) -> ScenarioConfig:
+    """``--config exp3``: the generic default (``exp3``) against Greedy only, every scenario, the evaluation seeds
+    (the suite's issue-21 table: half the cost of all four methods)."""
+    return replace(config, methods=("greedy", "exp3"), name="scenarios-exp3")
+
+
 def _references(config: ScenarioConfig, scenario: Scenario) -> pd.DataFrame:
     """The alone reference of every cell of a scenario at ``T`` and ``T/2``."""
     cells = config.cells(scenario)
@@ -634,20 +642,21 @@ def scenario_claims(results: Results, config: ScenarioConfig) -> list[dict[str, 
                               "greedy_successes": int(part["greedy_successes"].sum()),
                               "no_harm": int(part["no_harm_of_greedy_successes"].sum())}
                      for (s, m), part in per_scenario if m == method}
-        claims.append(claim(
-            f"{method} separates and converges in ≥ {TARGET_RECOVERY:.0%} of the runs (cell × seed) where Greedy "
-            f"does not",
-            "issue 10, done when: default EXP3 separates and converges in ≥ 90 % of the runs where Greedy does not",
-            {"greedy_failures": int(row["greedy_failures"]), "recovered": int(row["recovered_of_greedy_failures"]),
-             "rate": number(row["recovery_rate"]), "by_scenario": scenarios},
-            None if row["greedy_failures"] == 0 else row["recovery_rate"] >= TARGET_RECOVERY))
-        claims.append(claim(
-            f"{method} does no harm (final routed loss ≤ {1 + NO_HARM_TOLERANCE:g} × Greedy's) in "
-            f"≥ {TARGET_NO_HARM:.0%} of the runs where Greedy converges",
-            "issue 10, done when: no harm in ≥ 95 % of the runs where Greedy converges",
-            {"greedy_successes": int(row["greedy_successes"]), "no_harm": int(row["no_harm_of_greedy_successes"]),
-             "rate": number(row["no_harm_rate"])},
-            None if row["greedy_successes"] == 0 else row["no_harm_rate"] >= TARGET_NO_HARM))
+        claims += _method_claims(method, row, scenarios)
+        fractions = {SCENARIOS[name].fraction for name in config.scenarios
+                     if PARTICIPATION_FLOOR <= SCENARIOS[name].fraction < 1.0}
+        for fraction in sorted(fractions, reverse=True):
+            runs = results.runs[(results.runs["method"] == method)
+                                & results.runs["scenario"].map(lambda name: SCENARIOS[name].fraction == fraction)]
+            part = _rates(runs)
+            claims.append(claim(
+                f"{method} at participation fraction {fraction:g}: the same bars (recovery ≥ {TARGET_RECOVERY:.0%}, "
+                f"no harm ≥ {TARGET_NO_HARM:.0%}, no group harmed)",
+                f"issue 21, done when: at every participation fraction ≥ {PARTICIPATION_FLOOR:g} the same bars hold",
+                {"scenarios": sorted(set(runs["scenario"])), **{key: number(part[key]) for key in (
+                    "greedy_failures", "recovered_of_greedy_failures", "greedy_successes",
+                    "no_harm_of_greedy_successes", "group_harm_runs")}},
+                _bars_hold(part)))
     worst = results.references.groupby("scenario")["half_horizon_ratio"].max()
     claims.append(claim(
         f"T leaves no under-training confound: every alone reference at T/2 is within {HORIZON_TOLERANCE:.0%} of its "
@@ -656,6 +665,39 @@ def scenario_claims(results: Results, config: ScenarioConfig) -> list[dict[str, 
         {"worst_half_horizon_ratio_by_scenario": {k: number(v) for k, v in worst.items()}},
         None if config.short else (worst <= 1.0 + HORIZON_TOLERANCE).all()))
     return claims
+
+
+def _method_claims(method: str, row: pd.Series, scenarios: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 21's three bars over every run of one method."""
+    return [
+        claim(f"{method} separates and converges in ≥ {TARGET_RECOVERY:.0%} of the runs (cell × seed) where Greedy "
+              f"does not",
+              "issue 21, done when: the default recovers ≥ 95 % of Greedy's failures",
+              {"greedy_failures": int(row["greedy_failures"]), "recovered": int(row["recovered_of_greedy_failures"]),
+               "rate": number(row["recovery_rate"]), "by_scenario": scenarios},
+              None if row["greedy_failures"] == 0 else row["recovery_rate"] >= TARGET_RECOVERY),
+        claim(f"{method} does no harm (final routed loss ≤ {1 + NO_HARM_TOLERANCE:g} × Greedy's) in "
+              f"≥ {TARGET_NO_HARM:.0%} of the runs where Greedy converges",
+              "issue 21, done when: no harm in ≥ 99 % of Greedy's successes (within 2 % of Greedy's loss)",
+              {"greedy_successes": int(row["greedy_successes"]), "no_harm": int(row["no_harm_of_greedy_successes"]),
+               "rate": number(row["no_harm_rate"])},
+              None if row["greedy_successes"] == 0 else row["no_harm_rate"] >= TARGET_NO_HARM),
+        claim(f"{method} harms no group: no group ends more than {CONVERGED_TOLERANCE:.0%} above its oracle where "
+              f"Greedy's run had it within {CONVERGED_TOLERANCE:.0%}",
+              "issue 21, done when: no group ends more than 10 % above its oracle where Greedy's run had it within "
+              "10 %",
+              {"group_harm_runs": int(row["group_harm_runs"]), "runs": int(row["runs"])},
+              int(row["group_harm_runs"]) == 0),
+    ]
+
+
+def _bars_hold(rates: dict[str, Any]) -> Optional[bool]:
+    """Recovery, no harm and no group harm over a set of runs (``None``: nothing to judge)."""
+    if rates["greedy_failures"] == 0 and rates["greedy_successes"] == 0:
+        return None
+    recovered = rates["greedy_failures"] == 0 or rates["recovery_rate"] >= TARGET_RECOVERY
+    harmless = rates["greedy_successes"] == 0 or rates["no_harm_rate"] >= TARGET_NO_HARM
+    return bool(recovered and harmless and rates["group_harm_runs"] == 0)
 
 
 def _cell_rates(results: Results) -> pd.DataFrame:
@@ -686,5 +728,7 @@ EXPERIMENT = register(Experiment(
     show=lambda results: [results.summary[["scenario", "start", "method", *SHOWN]],
                           results.methods[["method", *SHOWN, "recovery_rate", "no_harm_rate"]]],
     variants={"study": Variant("the study behind the generic default: its variants on the development seeds",
-                               study, in_all=False)},
+                               study, in_all=False),
+              "exp3": Variant("the generic default against Greedy only (every scenario, the evaluation seeds)",
+                              default_against_greedy)},
 ))
