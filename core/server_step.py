@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationEstimate, FederationState, estimate_federation
-from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, update_health
+from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
@@ -123,10 +123,24 @@ def reads_health(settings: RoutingSettings) -> bool:
     return settings.explores_on_evidence or settings.consolidate_duplicates or settings.reseed_empty
 
 
-def server_init(federation: FederationState, num_runs: int, num_clusters: int) -> ServerState:
-    """The state before round 0."""
-    return ServerState(federation=federation, estimate=None, health=ClusterHealth.initial(num_runs, num_clusters),
-                       view=None)
+def server_init(federation: FederationState, num_runs: int, num_clusters: int,
+                settings: Optional[RoutingSettings] = None, participation: Optional[Participation] = None
+                ) -> ServerState:
+    """The state before round 0.
+
+    With routing that reads the health report, round 0's view is the server's too: the start explores
+    (``explore_at_start``) only with every client in every round.  Under partial participation a client
+    plays a fraction of the rounds, so its EXP3 learns over few of its own rounds while the start's
+    exploration scrambles every model; measured (``docs/algorithm.md``, "Exploration on evidence"), the
+    start's exploration then harmed more runs than it recovered, and collapse signs and re-seeding do the
+    recovering.
+    """
+    health = ClusterHealth.initial(num_runs, num_clusters)
+    if settings is None or not reads_health(settings):
+        return ServerState(federation=federation, estimate=None, health=health, view=None)
+    full = participation is None or participation.fraction >= 1.0
+    health = replace(health, settled=np.full(num_runs, not (settings.explore_at_start and full)))
+    return ServerState(federation=federation, estimate=None, health=health, view=routing_view(health, settings))
 
 
 def server_step(cluster_models: NDArray[np.floating], state: ServerState, replies: RoundReplies, round_index: int,

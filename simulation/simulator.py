@@ -297,7 +297,8 @@ def simulate_batch(
     num_examples = clients.num_examples
     models = np.stack([task.initial_models(num_clusters) for task in tasks])
     state = AgentState.initial(num_runs * num_clients, settings)
-    server = server_init(FederationState.of_clients(client_ids, num_clusters, run_of_client), num_runs, num_clusters)
+    server = server_init(FederationState.of_clients(client_ids, num_clusters, run_of_client), num_runs, num_clusters,
+                         settings, participation)
     masses: Optional[NDArray[np.float64]] = None
     provisional = None
     if settings.synchronized_entry:

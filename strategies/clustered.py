@@ -236,7 +236,7 @@ class ClusteredRouting(Strategy):
         self.preferred_masses: Optional[NDArray[np.float64]] = None
         """``p̂``: the share of the counted clients whose Greedy choice is each cluster."""
         self.server = server_init(FederationState.of_clients(np.zeros(0, dtype=np.int64), routing.num_clusters),
-                                  1, routing.num_clusters)
+                                  1, routing.num_clusters, routing, self.participation)
         """The server state besides the models (every client's latest report, the health evidence):
         :mod:`fedroute.core.server_step`."""
         self.provisional_masses: Optional[NDArray[np.float64]] = None

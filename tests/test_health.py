@@ -185,3 +185,21 @@ def test_the_server_state_survives_json() -> None:
     for name in ClusterHealth.__dataclass_fields__:
         np.testing.assert_array_equal(getattr(restored.health, name), getattr(health, name), err_msg=name)
     assert routing_view(restored.health, SETTINGS).explore.tolist() == view.explore.tolist()
+
+
+def test_the_start_explores_only_with_every_client_in_every_round() -> None:
+    """Round 0's view is the server's: the start explores under full participation, not under partial
+    participation (where collapse signs and re-seeding recover), and never with ``explore_at_start`` off."""
+    federation = FederationState.of_clients(np.arange(8), 3)
+    full = server_init(federation, 1, 3, SETTINGS, Participation())
+    partial = server_init(federation, 1, 3, SETTINGS, Participation(0.25))
+    off = server_init(federation, 1, 3, method_settings("exp3", num_clusters=3, explore_at_start=False))
+    assert full.view.explore.tolist() == [True] and not full.health.settled[0]
+    assert partial.view.explore.tolist() == [False] and partial.health.settled[0]
+    assert off.view.explore.tolist() == [False]
+    assert server_init(federation, 1, 3, method_settings("exp3", preset="linear")).view is None  # presets: no health
+    # Under partial participation exploration still returns on a collapse sign.
+    health, view = partial.health, partial.view
+    for _ in range(SETTINGS.collapse_patience):
+        health, view = _step(health, [0.9, 0.1, 0.0])
+    assert view.explore[0]
