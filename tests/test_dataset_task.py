@@ -36,6 +36,15 @@ from support.dataset_files import NUM_WRITERS, digit_images, write_csv, write_im
 from support.grid import SERVER_RUN_ID, builtin_grid, server_main
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small tensors: more threads only contend on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("datasets")
@@ -305,7 +314,7 @@ def test_every_partitioner_and_transform_runs_through_the_apps(case: str, files:
     settings["dataset"] = str(files[settings["dataset"]])
     num_clients = NUM_WRITERS if settings["partitioner"] == "natural-id" else 4
     config = app_run_config({"task": "dataset", "method": "exp3", "num-clients": num_clients, "num-clusters": 2,
-                             "num-server-rounds": 2, "num-groups": 2, "min-train-nodes": 2,
+                             "num-server-rounds": 2, "num-groups": 2, "min-train-nodes": 2, "local-epochs": 1,
                              "results-dir": str(tmp_path), "progress-interval": 0.0, **settings})
     server_main(builtin_grid(num_clients, config), config)
     summary = json.loads((tmp_path / str(SERVER_RUN_ID) / "summary.json").read_text())["exp3"]
@@ -332,6 +341,7 @@ def test_the_benchmark_configs_name_the_hub_data_and_run_on_the_offline_standin(
     standin = tmp_path / "femnist.parquet"
     assert standins.main(["femnist", str(standin)]) == 0
     config = {**femnist, "dataset": str(standin), "num-clients": 4, "num-server-rounds": 2, "method": "exp3",
+              "local-epochs": 1,
               "results-dir": str(tmp_path), "progress-interval": 0.0}
     server_main(builtin_grid(4, config), config)
     summary = json.loads((tmp_path / str(SERVER_RUN_ID) / "summary.json").read_text())["exp3"]
