@@ -93,6 +93,7 @@ def routing_train(
     num_examples: int,
     *,
     client_id: Optional[int] = None,
+    batched: bool | str = "auto",
 ) -> Message:
     """One routing round of this client: the reply to a ``TRAIN`` message of ClusteredRouting.
 
@@ -127,6 +128,11 @@ def routing_train(
         Global client id (≥ 0): the coordinate of the client's random draws and
         the key of its replies.  Defaults to ``context.node_config["partition-id"]``.
         Must be unique and stable per client.
+    batched : bool or "auto", default "auto"
+        With a :class:`~fedroute.client.batched_losses.DataLoss` as ``loss_fn``: score the
+        ``K`` models in one ``torch.func.vmap`` pass (``True``), one pass each (``False``), or
+        batched when its data are on a GPU (``"auto"``); a module ``vmap`` cannot run falls
+        back to the loop.  A plain function ``loss_fn`` always runs once per model.
 
     Returns
     -------
@@ -148,7 +154,7 @@ def routing_train(
     config = _config(message)
     settings = _settings(config)
     client = TorchClient(model, loss_fn, train_fn, num_examples=num_examples,
-                         client_id=_client_id(context, client_id))
+                         client_id=_client_id(context, client_id), batched=batched)
     models, template = _cluster_models(message, settings.num_clusters, client)
     if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
         return _train_fedcam(message, config, client, models, template)

@@ -13,7 +13,10 @@ and the module's ``state_dict`` (every parameter *and* buffer, in
 * ``test_loss_fn(model) -> float`` — optional, the held-out loss for the
   final evaluation.
 
-This is the only fedroute module that imports torch.
+With a :class:`~fedroute.client.batched_losses.DataLoss` as ``loss_fn`` the ``K``
+losses can run as one batched ``torch.func`` pass (``batched``).  torch is imported
+only by the modules that need it (this one, the batched losses, the dataset task's
+client and models).
 """
 
 from __future__ import annotations
@@ -260,6 +263,13 @@ class TorchClient:
     test_loss_fn : callable, optional
         ``test_loss_fn(model) -> float`` on held-out data; ``losses(..., "test")``
         falls back to ``loss_fn`` without it.
+    batched : bool or "auto", default "auto"
+        Score the ``K`` models in one ``torch.func.vmap`` pass when the loss function
+        offers it (a :class:`~fedroute.client.batched_losses.DataLoss`) and the module
+        allows it; otherwise (and with ``False``) one pass per model.  ``"auto"``: batched
+        when the loss function's data are on a GPU; on the CPU the loop, which measured
+        as fast or faster there (``vmap`` turns convolutions into grouped ones;
+        docs/performance.md, "Batched K-model losses").
     metrics_fn : callable, optional
         ``metrics_fn(model) -> {name: number}`` (e.g. ``{"accuracy": 0.93}``), the user's
         evaluation metrics of one model; :meth:`metrics` calls it on each model.
@@ -275,6 +285,7 @@ class TorchClient:
         client_id: int = 0,
         group: int = -1,
         test_loss_fn: Optional[LossFunction] = None,
+        batched: bool | str = "auto",
         metrics_fn: Optional[MetricsFunction] = None,
     ) -> None:
         if isinstance(num_examples, bool) or not float(num_examples) > 0:
@@ -285,6 +296,9 @@ class TorchClient:
         self.loss_fn = loss_fn
         self.train_fn = train_fn
         self.test_loss_fn = test_loss_fn
+        if batched not in (True, False, "auto"):
+            raise ValueError(f"batched = {batched!r} is invalid; allowed: True, False or 'auto'")
+        self.batched = batched
         self.metrics_fn = metrics_fn
         self.client_ids = np.array([int(client_id)], dtype=np.int64)
         self.groups = np.array([int(group)], dtype=np.int64)
@@ -362,11 +376,35 @@ class TorchClient:
                 raise ValueError(f"a TorchClient is one client; got {models.shape[0]} model sets")
             models = models[0]
         loss_fn = self.test_loss_fn if split == "test" and self.test_loss_fn is not None else self.loss_fn
+        if len(models) > 1:  # one batched pass where the loss_fn offers it (client/batched_losses.py)
+            batched = self._batched_losses(loss_fn, models)
+            if batched is not None:
+                return batched.reshape(1, -1)
         values = np.empty((1, len(models)))
         for k, vector in enumerate(models):
             self.load_vector(vector)
             values[0, k] = self._mean_loss(loss_fn)
         return values
+
+    def _batched_losses(self, loss_fn: LossFunction, models: NDArray[np.floating]) -> Optional[NDArray[np.float64]]:
+        """The ``K`` losses in one ``torch.func`` pass if ``loss_fn`` is a :class:`~fedroute.client.batched_losses.
+        DataLoss` (or offers ``batched``) and the module allows it, else ``None`` (the loop runs)."""
+        if not self.batched or not callable(getattr(loss_fn, "batched", None)):
+            return None
+        if self.batched == "auto":
+            inputs = getattr(loss_fn, "inputs", None)
+            if not isinstance(inputs, torch.Tensor) or inputs.device.type != "cuda":
+                return None
+        from fedroute.client.batched_losses import batched_or_none
+
+        state = self.model.state_dict()
+        layout = [(name, shape, state[name].dtype) for name, shape in zip(self._names, self._shapes)]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return batched_or_none(loss_fn, self.model, models, layout)
+        finally:
+            self.model.train(was_training)
 
     def metrics(self, cluster_models: NDArray[np.floating], split: str = "test") -> dict[str, NDArray[np.float64]]:
         """``metrics_fn`` of each of the ``K`` models, ``{name: (1, K)}`` (none without ``metrics_fn``).

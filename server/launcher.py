@@ -291,13 +291,17 @@ def load_run_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def flwr_run_command(flwr: str, app_dir: str | Path, run_config: Mapping[str, Any], num_supernodes: Optional[int],
-                     cpus_per_client: float = 1.0, run_config_file: Optional[Path] = None) -> list[str]:
-    """``flwr run APP --stream`` with the federation size (none: Flower's default federation) and the run config
-    (a file, or key=value overrides)."""
+                     cpus_per_client: float = 1.0, run_config_file: Optional[Path] = None,
+                     gpus_per_client: float = 0.0) -> list[str]:
+    """``flwr run APP --stream`` with the federation size (none: Flower's default federation), Ray's resources
+    per client (``gpus_per_client > 0``: ``client-resources-num-gpus``) and the run config (a file, or key=value
+    overrides)."""
     command = [flwr, "run", str(app_dir), "--stream"]
     if num_supernodes is not None:
-        command += ["--federation-config",
-                    f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"]
+        resources = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client:g}"
+        if gpus_per_client > 0:
+            resources += f" client-resources-num-gpus={gpus_per_client:g}"
+        command += ["--federation-config", resources]
     if run_config_file is not None:
         command += ["--run-config", str(run_config_file)]
     elif run_config:
@@ -333,6 +337,7 @@ def run_flower_app(
     ray_address: Optional[str] = None,
     run_config_file: Optional[str | Path] = None,
     environment_bin: Optional[str | Path] = None,
+    gpus_per_client: float = 0.0,
 ) -> FlowerRun:
     """``flwr run <app_dir> --stream`` in a local Ray simulation, then clean up.
 
@@ -356,6 +361,9 @@ def run_flower_app(
         Echo the run's output while it runs.
     cpus_per_client : float
         Ray CPUs per simulated client.
+    gpus_per_client : float
+        Ray GPUs per simulated client (``client-resources-num-gpus``; 0 = none, ``0.25`` = four clients
+        share a GPU).  Needs ``num_supernodes``.
     ray_address : str, optional
         Run the simulation on this existing Ray cluster (``host:port`` of its head) instead of a
         private local Ray; every node of it needs the same Python environment.
@@ -379,7 +387,7 @@ def run_flower_app(
     bin_dir = Path(environment_bin).resolve() if environment_bin is not None else None
     environment = quiet_environment(home, ray_address, bin_dir)
     command = flwr_run_command(_flwr_executable(bin_dir), app_dir, run_config, num_supernodes, cpus_per_client,
-                               file)
+                               file, gpus_per_client)
     started = time.monotonic()
     process, lines = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, bufsize=1), []

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from fedroute.client.devices import check_device_name
 from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
 from fedroute.core.aggregation import SERVER_UPDATES
@@ -233,6 +234,8 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     min_train_nodes = _integer(config, "min-train-nodes", 1, MAX_NODES) if "min-train-nodes" in config else 2
     report_memory = _integer(config, "report-memory", 0, MAX_ROUNDS) if "report-memory" in config else 0
     round_timeout = _number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0
+    if "client-device" in config:  # every task's (a plugin app reads it with fedroute.client.devices)
+        check_device_name(config["client-device"])
     task = task_from_config(config)
     preset = routing_preset(config)
     overrides = _routing_overrides(config)

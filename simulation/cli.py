@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from fedroute.simulation.workers import AUTO, resolve_workers
 
@@ -62,6 +62,10 @@ def _checked_overrides(args: argparse.Namespace) -> Optional[dict]:
         overrides = _run_config_items(args.run_config)
         keys = app_config_defaults(args.app_dir)
         # fedroute's app (or one with the same keys): one client per SuperNode, results where asked.
+        if getattr(args, "supernodes", None) is None:  # fedroute flower: as many SuperNodes as clients
+            explicit = overrides.get("num-clients")
+            args.supernodes = explicit if isinstance(explicit, int) and not isinstance(explicit, bool) \
+                and explicit > 0 else DEFAULT_SUPERNODES
         if "num-clients" in keys:
             overrides.setdefault("num-clients", args.supernodes)
         if "results-dir" in keys:
@@ -95,13 +99,41 @@ def _reachable_ray_address(args: argparse.Namespace) -> bool:
     return True
 
 
+DEFAULT_SUPERNODES = 80
+"""``fedroute flower``'s SuperNodes when neither ``--supernodes`` nor run-config ``num-clients`` says."""
+
+
+def checked_num_gpus(value: float, gpu_count: Optional[Callable[[], int]] = None) -> Optional[str]:
+    """Why ``--num-gpus value`` cannot work here (``None``: it can).
+
+    Ray never starts a client that asks for a GPU share on a machine without one (the run would wait
+    forever), so a share > 0 needs a GPU torch can see; ``gpu_count`` (default: torch's) counts them.
+    """
+    if not 0 <= value <= 64 or value != value:
+        return f"--num-gpus {value:g} is invalid; allowed: a number in [0, 64] (GPUs per client, e.g. 0.25)"
+    if value == 0:
+        return None
+    if gpu_count is None:
+        def gpu_count() -> int:
+            import torch
+
+            return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpu_count() == 0:
+        return (f"--num-gpus {value:g} asks Ray for a GPU share per client, but torch sees no GPU on this machine "
+                "(Ray would never start the clients); leave --num-gpus at 0 (client-device auto runs on the CPU)")
+    return None
+
+
 def _flower(args: argparse.Namespace) -> int:
     from fedroute.server.launcher import run_flower_app
 
     if (overrides := _checked_overrides(args)) is None or not _reachable_ray_address(args):
         return 2
+    if (problem := checked_num_gpus(args.num_gpus)) is not None:
+        print(f"fedroute: {problem}", file=sys.stderr)
+        return 2
     result = run_flower_app(args.app_dir, overrides, num_supernodes=args.supernodes, timeout=args.timeout, stream=True,
-                            ray_address=args.ray_address)
+                            ray_address=args.ray_address, gpus_per_client=args.num_gpus)
     return 0 if result.completed else _failure("Flower", result)
 
 
@@ -276,7 +308,13 @@ def _add_flower(commands: Any) -> None:
                       "  fedroute flower --run-config method=exp3 num-server-rounds=50\n"
                       "  fedroute flower --supernodes 80 --run-config conf/linear.toml")
     flower.add_argument("--app-dir", default=".", help="the Flower app (a directory with pyproject.toml)")
-    flower.add_argument("--supernodes", type=int, default=80, help="simulated SuperNodes, one client each")
+    flower.add_argument("--supernodes", type=int, default=None,
+                        help="simulated SuperNodes, one client each (default: run-config num-clients if given, "
+                             f"else {DEFAULT_SUPERNODES})")
+    flower.add_argument("--num-gpus", type=float, default=0.0, metavar="SHARE",
+                        help="GPUs per simulated client (Ray's client-resources-num-gpus; 0.25 = four clients per "
+                             "GPU; needs a GPU torch can see); with run-config client-device = auto or cuda the "
+                             "clients then compute on it (docs/datasets.md#gpus)")
     flower.add_argument("--results-dir", default="results", help="where <run-id>/ is written")
     flower.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is stopped")
     flower.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE|FILE.toml",

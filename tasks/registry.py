@@ -100,6 +100,26 @@ _DIGIT_ROTATIONS_KEYS: _KeyTable = {
     "seed": ("seed", int),
 }
 
+_DATASET_KEYS: _KeyTable = {
+    "num-clients": ("num_clients", int),
+    "dataset": ("dataset", str),
+    "partitioner": ("partitioner", str),
+    "dirichlet-alpha": ("dirichlet_alpha", float),
+    "partition-by": ("partition_by", str),
+    "classes-per-client": ("classes_per_client", int),
+    "num-groups": ("num_groups", int),
+    "group-transform": ("group_transform", str),
+    "label-column": ("label_column", str),
+    "test-fraction": ("test_fraction", float),
+    "model": ("model", str),
+    "local-epochs": ("local_epochs", int),
+    "batch-size": ("batch_size", int),
+    "learning-rate": ("learning_rate", float),
+    "client-device": ("client_device", str),
+    "batched-losses": ("batched_losses", str),
+    "seed": ("seed", int),
+}
+
 TASK_KEYS: dict[str, tuple[str, _KeyTable]] = {
     "linear": ("fedroute.tasks.linear:LinearTask", _LINEAR_KEYS),
     "housing": ("fedroute.tasks.housing:HousingTask", _HOUSING_KEYS),
@@ -109,6 +129,7 @@ TASK_KEYS: dict[str, tuple[str, _KeyTable]] = {
     "boundaries": ("fedroute.tasks.boundaries:BoundariesTask", _BOUNDARIES_KEYS),
     "digit-rotations": ("fedroute.tasks.digit_rotations:DigitRotationsTask", _DIGIT_ROTATIONS_KEYS),
     "collinear": ("fedroute.tasks.collinear:CollinearTask", _LINEAR_KEYS),
+    "dataset": ("fedroute.tasks.dataset:DatasetTask", _DATASET_KEYS),
 }
 """Task name → (``module:class`` of the task, run-config key table).  Only the task a run names is
 imported (every deployed message starts a fresh ClientApp process, which pays for each import)."""
@@ -135,6 +156,9 @@ UPPER_BOUNDS = {
     "base-epochs": 10**6,
     "num-classes": 10**6,
     "image-size": 10**4,
+    "classes-per-client": 10**6,
+    "local-epochs": 10**6,
+    "batch-size": 10**8,
 }
 """Upper bounds of the size-like task keys (a larger value would exhaust memory long after the
 start); the task classes check the lower bounds and the rest of the ranges."""
@@ -179,6 +203,8 @@ def task_from_config(config: Mapping[str, Any]) -> Task:
     for key, (field, kind) in keys.items():
         if key in config and config[key] != "auto":  # "auto": the task's own default
             arguments[field] = _convert(key, config[key], kind)
+    if name == "dataset" and isinstance(config.get("batched-losses"), bool):
+        arguments["batched_losses"] = str(config["batched-losses"]).lower()
     if name == "housing" and arguments.get("data_file") == "":
         arguments["data_file"] = None
     return factory(**arguments)

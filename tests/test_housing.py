@@ -379,7 +379,8 @@ def test_runs_of_different_seeds_batch_in_the_simulator(generated: dict) -> None
 # -- registry and validation ---------------------------------------------------------------------
 
 def test_registry_builds_the_housing_task(generated: dict) -> None:
-    assert TASKS == ("linear", "housing", "gmm", "characters", "femnist", "boundaries", "digit-rotations", "collinear")
+    assert TASKS == ("linear", "housing", "gmm", "characters", "femnist", "boundaries", "digit-rotations", "collinear",
+                     "dataset")
     task = task_from_config({
         "task": "housing", "num-clients": 7, "test-fraction": 0.25, "local-steps": 2, "learning-rate": 0.02,
         "init-radius": 3, "init-jitter": 0.1, "seed": 4, "data-file": str(generated["parquet"]),

@@ -1,0 +1,274 @@
+"""Batched K-model losses: FedAvg against ClusteredRouting with the K loss passes looped and batched, side by side.
+
+Run: ``python bench/bench_batched_losses.py [--ks 2 4 8] [--epochs 5] [--repeat 3] [--docs docs/performance.md]``
+(≈ 3–6 min on 2 loaded cores with the defaults).
+
+What is measured: the **CPU time of one federated round** (every client's handler and
+the strategy, one thread, in this process: no Flower transport, whose 0.1-s polls
+would hide milliseconds), for
+
+* **FedAvg**: Flower's ``FedAvg`` and the usual handler (load the model, train, reply);
+* **routing, the user's loss_fn**: ``ClusteredRouting`` (the generic default, ``K``
+  clusters) and :func:`fedroute.routing_train` with a plain ``loss_fn`` (one forward
+  pass over all training rows, as the example app's ``mean_loss``), run once per model:
+  what routing cost before;
+* **routing, DataLoss looped**: the ``loss_fn`` a
+  :class:`~fedroute.client.batched_losses.DataLoss` (batches of 128 rows, images in
+  the channels-last layout on the CPU), run once per model (``batched=False``);
+* **routing, DataLoss batched**: the same with ``batched=True``: the ``K`` losses in
+  one ``torch.func.vmap(functional_call)`` pass per data batch.
+
+Two workloads, each client the same local training on both sides (SGD, momentum 0.9):
+
+* ``digits``: the example app's clients and CNN (``examples/digits_cnn``: 96 training
+  images 8×8, 38 k parameters, batch 16);
+* ``cifar-like``: images 3×32×32 (random pixels and labels: only the arithmetic counts),
+  250 training images per client, :class:`~fedroute.data.models.SmallCNN` (136 k
+  parameters), batch 32 — the shape of Flower's quickstart-pytorch (CIFAR-10), smaller.
+
+Configurations run interleaved, ``--repeat`` times each (a busy spell of the machine hits
+all alike); the tables give the mean round and the median of the per-repeat ratios to
+the FedAvg run next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+TABLE_BEGIN, TABLE_END = "<!-- batched-losses-table:begin -->", "<!-- batched-losses-table:end -->"
+
+
+# ------------------------------------------------------------------------------------------ workloads
+class Workload:
+    """Clients' data, the model and the local training of one workload."""
+
+    def __init__(self, name: str, num_clients: int, epochs: int) -> None:
+        import torch
+
+        self.name, self.num_clients, self.epochs = name, num_clients, epochs
+        if name == "digits":
+            sys.path.insert(0, str(REPOSITORY / "examples" / "digits_cnn"))
+            from digits_app.task import DigitsCNN, client_data
+
+            self.make_model = DigitsCNN
+            self.data = [(client_data(i).train.images, client_data(i).train.labels) for i in range(num_clients)]
+            self.batch_size, self.learning_rate = 16, 0.1
+        elif name == "cifar-like":
+            from fedroute.data.models import SmallCNN
+
+            self.make_model = lambda: SmallCNN((3, 32, 32), 10)
+            generator = torch.Generator().manual_seed(0)
+            self.data = [(torch.rand(250, 3, 32, 32, generator=generator),
+                          torch.randint(0, 10, (250,), generator=generator)) for _ in range(num_clients)]
+            self.batch_size, self.learning_rate = 32, 0.01
+        else:
+            raise ValueError(f"workload {name!r} is unknown; allowed: 'digits', 'cifar-like'")
+
+    def model(self, seed: int) -> Any:
+        import torch
+
+        torch.manual_seed(seed)
+        return self.make_model()
+
+    def train(self, model: Any, client: int, seed: int) -> float:
+        import torch
+        from torch.nn import functional as F
+
+        images, labels = self.data[client]
+        optimizer = torch.optim.SGD(model.parameters(), lr=self.learning_rate, momentum=0.9)
+        order = torch.Generator().manual_seed(seed)
+        total = 0.0
+        for _ in range(self.epochs):
+            total = 0.0
+            for batch in torch.randperm(len(labels), generator=order).split(self.batch_size):
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(images[batch]), labels[batch])
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach()) * len(batch)
+        return total / len(labels)
+
+
+# ----------------------------------------------------------------------------------------- the grid
+class LocalGrid:
+    """Nodes whose handler is called in this process; every call's CPU time is kept."""
+
+    def __init__(self, num_nodes: int, handler: Callable[..., Any]) -> None:
+        from flwr.app import Context, RecordDict
+
+        self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
+                                          node_config={"partition-id": i, "num-partitions": num_nodes},
+                                          state=RecordDict(), run_config={}) for i in range(num_nodes)}
+        self.handler = handler
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Any], timeout: Optional[float] = None) -> list[Any]:
+        return [self.handler(message, self.contexts[message.metadata.dst_node_id]) for message in messages]
+
+
+def _fedavg_handler(workload: Workload) -> Callable[..., Any]:
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    def handle(message: Any, context: Any) -> Any:
+        client = int(context.node_config["partition-id"])
+        model = workload.make_model()
+        model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+        workload.train(model, client, int(message.content["config"]["server-round"]))
+        return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                                           "metrics": MetricRecord({"num-examples": len(workload.data[client][1])})}),
+                       reply_to=message)
+
+    return handle
+
+
+def _user_loss(images: Any, labels: Any) -> Callable[[Any], float]:
+    """A user's own ``loss_fn``: one forward pass over all training rows (the example app's ``mean_loss``)."""
+    from torch.nn import functional as F
+
+    return lambda model: float(F.cross_entropy(model(images), labels))
+
+
+def _routing_handler(workload: Workload, kind: str) -> Callable[..., Any]:
+    from fedroute import routing_train
+    from fedroute.client.batched_losses import DataLoss
+
+    losses = [_user_loss(*workload.data[i]) if kind == "user" else DataLoss(*workload.data[i])
+              for i in range(workload.num_clients)]
+    batched = kind == "batched"
+
+    def handle(message: Any, context: Any) -> Any:
+        client = int(context.node_config["partition-id"])
+        server_round = int(message.content["config"]["server-round"])
+        return routing_train(message, context, workload.make_model(),
+                             lambda model: workload.train(model, client, server_round), losses[client],
+                             num_examples=len(workload.data[client][1]), batched=batched)
+
+    return handle
+
+
+def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int, rounds: int) -> float:
+    """Mean CPU seconds (this thread: handlers + strategy) per round after a warm-up round."""
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings
+
+    n = workload.num_clients
+    if strategy_name == "fedavg":
+        from flwr.app import ArrayRecord
+
+        strategy: Any = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n)
+        initial: Any = ArrayRecord(workload.model(0).state_dict())
+        grid = LocalGrid(n, _fedavg_handler(workload))
+    else:
+        strategy = ClusteredRouting(method_settings("exp3", num_clusters=num_clusters), fraction_train=1.0,
+                                    min_available_nodes=n, min_train_nodes=n, evaluate_at_end=False)
+        initial = cluster_models_from_torch([workload.model(k) for k in range(num_clusters)])
+        grid = LocalGrid(n, _routing_handler(workload, strategy_name))
+    marks: list[float] = []
+    original = grid.send_and_receive
+
+    def timed(messages: Iterable[Any], timeout: Optional[float] = None) -> list[Any]:
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == "train":
+            marks.append(time.thread_time())
+        return original(messages, timeout)
+
+    grid.send_and_receive = timed  # type: ignore[method-assign]
+    strategy.start(grid, initial, num_rounds=rounds + 1)
+    marks.append(time.thread_time())
+    deltas = np.diff(marks)[1:]  # the first round loads and warms up
+    return float(np.mean(deltas))
+
+
+def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: int,
+        num_clients: int) -> dict[str, list[dict[str, Any]]]:
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("fedroute").setLevel(logging.ERROR)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name in workloads:
+        workload = Workload(name, num_clients, epochs)
+        configurations = [("fedavg", 1)] + [(kind, k) for k in ks for kind in ("user", "loop", "batched")]
+        samples: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
+        ratios: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
+        for _ in range(repeat):
+            baseline = measure_round_cpu(workload, "fedavg", 1, rounds)
+            samples[("fedavg", 1)].append(baseline)
+            for configuration in configurations[1:]:
+                value = measure_round_cpu(workload, configuration[0], configuration[1], rounds)
+                samples[configuration].append(value)
+                ratios[configuration].append(value / baseline)
+        results[name] = [{"kind": kind, "k": k, "seconds": statistics.fmean(samples[(kind, k)]),
+                          "ratio": statistics.median(ratios[(kind, k)]) if ratios[(kind, k)] else 1.0,
+                          "range": (min(ratios[(kind, k)]), max(ratios[(kind, k)])) if ratios[(kind, k)] else (1, 1)}
+                         for kind, k in configurations]
+    return results
+
+
+def table(results: dict[str, list[dict[str, Any]]], epochs: int, rounds: int, repeat: int,
+          num_clients: int) -> str:
+    import os
+
+    lines = [f"**Batched K-model losses: CPU time of one round, {num_clients} clients, {epochs} local epochs** "
+             f"(`python bench/bench_batched_losses.py --epochs {epochs} --rounds {rounds} --repeat {repeat}`; "
+             f"in process, one thread, mean of {rounds} rounds after one warm-up, {repeat} interleaved repeats; "
+             f"1-minute load at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", ""]
+    for name, rows in results.items():
+        lines += [f"*{name}*", "", "| configuration | CPU s / round | × FedAvg (median; range) |", "|---|---:|---:|"]
+        for row in rows:
+            label = "FedAvg" if row["kind"] == "fedavg" else f"ClusteredRouting K={row['k']}, " + {
+                "user": "the user's loss_fn (one pass over all rows), looped",
+                "loop": "DataLoss looped (batches of 128, channels-last on the CPU)",
+                "batched": "DataLoss batched (torch.func.vmap)"}[row["kind"]]
+            low, high = row["range"]
+            lines.append(f"| {label} | {row['seconds']:.3f} | {row['ratio']:.2f} ({low:.2f}–{high:.2f}) |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_docs(path: Path, text: str) -> None:
+    """Replace what lies between the markers in ``path`` with ``text``."""
+    content = path.read_text()
+    if TABLE_BEGIN not in content or TABLE_END not in content:
+        raise ValueError(f"{path} lacks the markers {TABLE_BEGIN} … {TABLE_END}")
+    head, rest = content.split(TABLE_BEGIN, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    path.write_text(f"{head}{TABLE_BEGIN}\n{text}{TABLE_END}{tail}")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=["digits", "cifar-like"])
+    parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--docs", type=Path, default=None, help="write the tables between the markers of this file")
+    args = parser.parse_args(argv)
+    results = run(args.workloads, args.ks, args.epochs, args.rounds, args.repeat, args.clients)
+    text = table(results, args.epochs, args.rounds, args.repeat, args.clients)
+    print(text)
+    if args.docs is not None:
+        write_docs(args.docs, text)
+
+
+if __name__ == "__main__":
+    main()

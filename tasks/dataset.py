@@ -1,0 +1,155 @@
+"""``task = "dataset"``: a hub or local dataset, partitioned by ``flwr-datasets``, transformed per group, a torch model.
+
+The task a user with real data runs without writing a ClientApp::
+
+    fedroute flower --run-config task=dataset dataset=digits.parquet partitioner=dirichlet \\
+        dirichlet-alpha=0.5 num-groups=4 group-transform=rotate num-clusters=4 num-clients=20
+
+Data
+    :mod:`fedroute.data`: the rows of ``dataset`` (hub name or local Parquet /
+    CSV / image folder), the ``flwr-datasets`` partitioner (``iid``,
+    ``dirichlet``, ``pathological``, ``natural-id``), group ``c mod G``'s
+    transform (``rotate``, ``permute-labels``, ``none``), a train / held-out
+    split per client (``test-fraction``).
+Model
+    :mod:`fedroute.data.models`: ``model = auto | cnn | mlp | package.module:factory``;
+    ``K`` starts from seeds ``seed · 1000 + k``.  The models travel as flat
+    float32 vectors (the ``state_dict`` in order).
+Update
+    ``local-epochs`` epochs of mini-batch SGD (``batch-size``, ``learning-rate``,
+    momentum 0.9, a new optimiser every round), the batch order drawn from
+    ``(seed, client, round)``; the routing and evaluation loss is the mean
+    cross-entropy (:class:`~fedroute.client.batched_losses.DataLoss`, ``K``
+    models in one batched pass where ``batched-losses`` allows).  The final
+    evaluation also reports every model's held-out accuracy.
+Device
+    ``client-device`` (:mod:`fedroute.client.devices`): the client's module,
+    its data and the ``K`` models go to that device once per message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.client.devices import check_device_name
+from fedroute.core.task import checked_client_ids
+from fedroute.data.partitions import PartitionSettings, dataset_schema, grouped_partition
+
+__all__ = ["DatasetTask", "BATCHED_CHOICES"]
+
+BATCHED_CHOICES = ("auto", "true", "false")
+"""run-config ``batched-losses``: ``auto`` = batched on a GPU, the loop on the CPU (where ``vmap``'s grouped
+convolutions measured slower, docs/performance.md); ``true``/``false`` force one or the other."""
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"dataset task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class DatasetTask:
+    """Configuration of the dataset task (see the module docstring); nothing is read until data are needed.
+
+    Parameters
+    ----------
+    dataset, partitioner, dirichlet_alpha, partition_by, classes_per_client, num_groups, group_transform,
+    label_column, test_fraction, seed
+        As in :class:`fedroute.data.partitions.PartitionSettings` (``num_clients`` partitions).
+    num_clients : int
+        ``n`` (1 … 10⁶).
+    model : str
+        ``auto``, ``cnn``, ``mlp`` or ``package.module:factory``.
+    local_epochs : int
+        Epochs of local SGD per executed update (≥ 1).
+    batch_size : int
+        SGD mini-batch size (≥ 1).
+    learning_rate : float
+        SGD learning rate (> 0).
+    client_device : str
+        ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+    batched_losses : str
+        One of :data:`BATCHED_CHOICES`.
+    """
+
+    dataset: str = "auto"
+    num_clients: int = 20
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    partition_by: str = "auto"
+    classes_per_client: int = 2
+    num_groups: int = 4
+    group_transform: str = "rotate"
+    label_column: str = "auto"
+    test_fraction: float = 0.2
+    model: str = "auto"
+    local_epochs: int = 5
+    batch_size: int = 16
+    learning_rate: float = 0.05
+    client_device: str = "auto"
+    batched_losses: str = "auto"
+    seed: int = 0
+    name: str = "dataset"
+
+    def __post_init__(self) -> None:
+        self.partition_settings  # validates the data settings  # noqa: B018
+        for key in ("local_epochs", "batch_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                _fail(key.replace("_", "-"), value, "an integer ≥ 1")
+        if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float)) \
+                or not np.isfinite(self.learning_rate) or self.learning_rate <= 0:
+            _fail("learning-rate", self.learning_rate, "a finite number > 0")
+        if not str(self.model):
+            _fail("model", self.model, "'auto', 'cnn', 'mlp' or 'package.module:factory'")
+        check_device_name(self.client_device)
+        if str(self.batched_losses).lower() not in BATCHED_CHOICES:
+            _fail("batched-losses", self.batched_losses, f"one of {BATCHED_CHOICES}")
+
+    @property
+    def partition_settings(self) -> PartitionSettings:
+        """The data side (:mod:`fedroute.data.partitions`)."""
+        return PartitionSettings(dataset=self.dataset, num_partitions=self.num_clients, partitioner=self.partitioner,
+                                 dirichlet_alpha=self.dirichlet_alpha, partition_by=self.partition_by,
+                                 classes_per_client=self.classes_per_client, num_groups=self.num_groups,
+                                 group_transform=self.group_transform, label_column=self.label_column,
+                                 test_fraction=self.test_fraction, seed=self.seed)
+
+    def _schema(self) -> Any:
+        excluded = (self.partition_by,) if self.partition_by != "auto" else ()
+        return dataset_schema(self.dataset, self.label_column, excluded)
+
+    def groups(self, client_ids: NDArray[np.int64]) -> NDArray[np.int64]:
+        """Latent group of each client (``c mod G``; ``0`` for everyone under group-transform ``none``)."""
+        ids = np.asarray(client_ids, dtype=np.int64)
+        return np.zeros_like(ids) if self.group_transform == "none" else ids % self.num_groups
+
+    def clients(self, client_ids: NDArray[np.int64]) -> Any:
+        """One client's data and model (a :class:`~fedroute.tasks.dataset_client.DatasetClient`)."""
+        from fedroute.tasks.dataset_client import DatasetClient
+
+        client_ids = checked_client_ids(client_ids, self.num_clients)
+        if len(client_ids) != 1:
+            raise ValueError(f"the dataset task builds one client at a time (a torch module per client); got "
+                             f"{len(client_ids)} ids: it runs in Flower (fedroute flower, deploy local), not in the "
+                             "batched simulator")
+        schema = self._schema()
+        data = grouped_partition(self.partition_settings, int(client_ids[0]))
+        return DatasetClient(self, data, schema.input_shape, schema.num_classes)
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.float32]:
+        """``K`` starts of the model, ``(K, P)`` float32 (module ``k`` under ``torch.manual_seed(seed·1000+k)``)."""
+        from fedroute.data.models import initial_vectors
+
+        schema = self._schema()
+        return initial_vectors(self.model, schema.input_shape, schema.num_classes, num_clusters, self.seed)
+
+    def batched(self, device: Optional[Any]) -> bool:
+        """Whether the ``K`` losses run as one batched pass on ``device`` (``batched-losses``)."""
+        choice = str(self.batched_losses).lower()
+        if choice == "auto":
+            return device is not None and getattr(device, "type", "cpu") == "cuda"
+        return choice == "true"
