@@ -6,7 +6,10 @@ presets explore always).  After every round the server reads the federation esti
 (:mod:`fedroute.core.federation`: every client's latest report) and keeps, per cluster:
 
 * **unwanted** — its preferred share is at most the underused threshold (``p̂_k ≤ c/K``):
-  too few clients find it their best model to train it.  A cluster unwanted for
+  too few clients find it their best model to train it — and it could serve more: nobody
+  prefers it, or some client that prefers another cluster finds it within ``ρ`` of its best
+  loss (:func:`within_reach`).  A small group's own model, far worse for everyone else, is
+  not unwanted however small the group;  A cluster unwanted for
   ``collapse_patience`` rounds in a row is a *collapse sign* (Greedy successes settle
   within a few rounds; a collapse stays);
 * **spare** — a cluster that stayed a collapse sign through ``spare_patience`` rounds of
@@ -50,7 +53,8 @@ from numpy.typing import NDArray
 
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
-__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "update_health", "routing_view", "reseeding"]
+__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "within_reach", "update_health", "routing_view",
+           "reseeding"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,40 @@ def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_
     return pairs
 
 
+def within_reach(losses: NDArray[np.float64], preferred: NDArray[np.int64], run_index: NDArray[np.int64],
+                 num_runs: int, num_clusters: int, ratio: float) -> NDArray[np.bool_]:
+    """Clusters that some client who does not prefer them finds within ``ρ`` of its best loss, per run.
+
+    A cluster few clients prefer is starving only if it could serve more of them: some client
+    elsewhere finds it close (``ℓ_k ≤ ρ · min_j ℓ_j``).  A small group's own model — a minority, a
+    noisy or data-poor group — is far worse for every other client (they are other groups), so it
+    is not a collapse sign however small its share; the model a collapse leaves with a few
+    stragglers of a crowded group is close for the rest of that group.
+
+    Parameters
+    ----------
+    losses : ndarray, shape (m, K)
+        The counted clients' latest training losses of every cluster.
+    preferred : ndarray of int, shape (m,)
+    run_index : ndarray of int, shape (m,)
+    num_runs, num_clusters : int
+    ratio : float
+        ``ρ ≥ 1`` (``consolidation_loss_ratio``).
+
+    Returns
+    -------
+    ndarray of bool, shape (R, K)
+    """
+    reach = np.zeros((num_runs, num_clusters), dtype=bool)
+    if len(preferred) == 0:
+        return reach
+    losses = np.asarray(losses, dtype=np.float64)
+    close = losses <= ratio * losses.min(axis=1, keepdims=True)                   # (m, K)
+    close[np.arange(len(preferred)), np.asarray(preferred)] = False              # not its own choice
+    np.logical_or.at(reach, np.asarray(run_index), close)
+    return reach
+
+
 def _side(own: NDArray[np.float64], cluster: int, twin: int) -> tuple[float, float]:
     """Median log ratio of a cluster's clients to the twin and to the nearest third cluster."""
     third = np.delete(own, [cluster, twin], axis=1).min(axis=1)
@@ -197,7 +235,8 @@ def _side(own: NDArray[np.float64], cluster: int, twin: int) -> tuple[float, flo
 
 def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], twins: NDArray[np.int64],
                   known_clients: NDArray[np.int64], settings: RoutingSettings,
-                  reporting: Optional[NDArray[np.int64]] = None) -> tuple[ClusterHealth, RoutingView]:
+                  reporting: Optional[NDArray[np.int64]] = None,
+                  reach: Optional[NDArray[np.bool_]] = None) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
     Parameters
@@ -213,6 +252,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     settings : RoutingSettings
     reporting : ndarray of int, shape (R,), optional
         Clients counted in the estimate; a run without any keeps its evidence.
+    reach : ndarray of bool, shape (R, K), optional
+        :func:`within_reach`: a cluster that some clients prefer but no other client finds close
+        serves a small group and is not unwanted (``None``: every cluster counts as within reach).
 
     Returns
     -------
@@ -222,6 +264,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     """
     threshold = settings.underused_mass + (INCLUSIVE_SLACK if settings.mass_threshold_inclusive else 0.0)
     unwanted = (preferred_masses <= threshold) if settings.mass_threshold_inclusive else (preferred_masses < threshold)
+    if reach is not None:
+        unwanted &= reach | (preferred_masses <= 0.0)                   # a small group's own model is wanted
     joined = (known_clients > health.known_clients)[:, None]
     twin_rounds = np.where((twins >= 0) & (twins == health.twin), health.twin_rounds + 1, (twins >= 0).astype(int))
     merged = (twins >= 0) & (health.spare | (twin_rounds >= settings.duplicate_patience))

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationEstimate, FederationState, estimate_federation
-from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health
+from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health, within_reach
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
@@ -185,8 +185,11 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
             twins = duplicate_twins(federation.losses[counted], federation.preferred[counted],
                                     federation.run_index[counted], estimate.preferred_masses, num_runs,
                                     settings.consolidation_loss_ratio)
+        reach = within_reach(federation.losses[counted], federation.preferred[counted],
+                             federation.run_index[counted], num_runs, cluster_models.shape[-2],
+                             settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
         health, view = update_health(state.health, estimate.preferred_masses, twins,
-                                     federation.known_clients(num_runs), settings, estimate.reporting)
+                                     federation.known_clients(num_runs), settings, estimate.reporting, reach)
         outcome = _reseeded(outcome, health.reseeded_from)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
 

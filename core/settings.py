@@ -109,6 +109,10 @@ class RoutingSettings:
     reseed_empty : bool
         A collapse sign that no client prefers gets a copy of the most crowded cluster's
         model (with random tie-breaking; :func:`fedroute.core.health.reseeding`).
+    starving_needs_reach : bool
+        A cluster with a small preferred share is a collapse sign only if nobody prefers it or some
+        client that prefers another cluster finds it within ``consolidation_loss_ratio`` of its best
+        loss (:func:`fedroute.core.health.within_reach`): a small group's own model is not starving.
     explore_at_start : bool
         Under ``explore_on = "collapse"``: explore from round 0 until the federation has
         been calm for ``collapse_patience`` rounds (``True``), or only on collapse signs.
@@ -142,6 +146,7 @@ class RoutingSettings:
     duplicate_patience: int = 100
     reseed_empty: bool = False
     explore_at_start: bool = True
+    starving_needs_reach: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -155,7 +160,8 @@ class RoutingSettings:
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
-                     "consolidate_duplicates", "reseed_empty", "explore_at_start"):
+                     "consolidate_duplicates", "reseed_empty", "explore_at_start",
+                     "starving_needs_reach"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,

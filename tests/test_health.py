@@ -203,3 +203,26 @@ def test_the_start_explores_only_with_every_client_in_every_round() -> None:
     for _ in range(SETTINGS.collapse_patience):
         health, view = _step(health, [0.9, 0.1, 0.0])
     assert view.explore[0]
+
+
+def test_a_small_groups_own_model_is_not_a_collapse_sign() -> None:
+    """``within_reach``: a cluster 1 of 12 clients prefers, far worse (≥ ρ) for all others, serves a small group
+    and is never unwanted; the same share on a model that the crowded group finds close is a collapse sign."""
+    from fedroute.core.health import within_reach
+
+    crowded = np.tile([[0.1, 5.0, 0.15]], (11, 1))                  # 11 clients on cluster 0, cluster 2 close
+    minority = np.array([[4.0, 0.3, 3.0]])                          # 1 client whose own model is cluster 1
+    losses, preferred = np.vstack([crowded, minority]), np.array([0] * 11 + [1])
+    reach = within_reach(losses, preferred, np.zeros(12, np.int64), 1, 3, ratio=2.0)
+    assert reach.tolist() == [[False, False, True]]                 # 1 is > 2x for all 11 others; 2 is close
+    masses = [11 / 12, 1 / 12, 0.0]
+    health, view = ClusterHealth.initial(1, 3), None
+    for _ in range(SETTINGS.collapse_patience):
+        health, view = update_health(health, np.array([masses]), np.array([NO_TWINS]), np.array([12]), SETTINGS,
+                                     reach=reach)
+    assert health.unwanted_rounds[0, 1] == 0                        # the small group's model: wanted
+    assert health.reseeded_from[0, 2] == 0                          # the empty cluster: re-seeded from the crowded one
+    without = ClusterHealth.initial(1, 3)
+    for _ in range(SETTINGS.collapse_patience):
+        without, _ = update_health(without, np.array([masses]), np.array([NO_TWINS]), np.array([12]), SETTINGS)
+    assert without.unwanted_rounds[0, 1] == SETTINGS.collapse_patience  # mass alone: it looked starving

@@ -426,6 +426,7 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "no-start-exploration": {"explore_at_start": False},
     "no-duplicates": {"consolidate_duplicates": False},
     "no-reseed": {"reseed_empty": False},
+    "no-reach": {"starving_needs_reach": False},
     "patience-5": {"collapse_patience": 5},
     "patience-20": {"collapse_patience": 20},
 }
