@@ -198,12 +198,7 @@ def ifca_gradient_step(
     shape = cluster_models.shape
     num_clusters = shape[-2]
     rows = int(np.prod(shape[:-1]))
-    weights = np.asarray(weights, dtype=np.float64)
-    routed = np.bincount(_global_routes(routes, num_clusters, run_index), weights=weights, minlength=rows)
-    runs = np.zeros(len(routes), dtype=np.int64) if run_index is None else np.asarray(run_index, dtype=np.int64)
-    totals = np.bincount(runs, weights=weights, minlength=rows // num_clusters)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(np.repeat(totals, num_clusters) > 0, routed / np.repeat(totals, num_clusters), 0.0)
+    share = routing_masses(routes, weights, num_clusters, run_index, rows // num_clusters).reshape(-1)  # S_k / S
     start = cluster_models.reshape(rows, -1).astype(np.float64)
     step = start + share[:, None] * (averaged.reshape(rows, -1).astype(np.float64) - start)
     return step.astype(cluster_models.dtype).reshape(shape)

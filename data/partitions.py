@@ -38,13 +38,14 @@ from fedroute.data.sources import load_source
 from fedroute.data.transforms import GROUP_TRANSFORMS, apply_group_transform, group_of
 
 __all__ = ["PARTITIONERS", "PartitionSettings", "ClientData", "DatasetSchema", "grouped_partition",
-           "grouped_partitions", "dataset_schema", "available_partitions"]
+           "grouped_partitions", "dataset_schema", "available_partitions", "invalid_setting"]
 
 PARTITIONERS = ("iid", "dirichlet", "pathological", "natural-id")
 """Values of run-config ``partitioner`` (``flwr_datasets.partitioner``: Iid, Dirichlet, Pathological, NaturalId)."""
 
 
-def _fail(key: str, value: Any, allowed: str) -> None:
+def invalid_setting(key: str, value: Any, allowed: str) -> None:
+    """Raise the dataset task's error for one run-config key (the key, its value, what is allowed)."""
     raise ValueError(f"dataset task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
 
 
@@ -95,11 +96,11 @@ class PartitionSettings:
         for key in ("num_partitions", "classes_per_client", "num_groups", "seed"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                _fail(key.replace("_", "-") if key != "num_partitions" else "num-clients", value, "an integer")
+                invalid_setting(key.replace("_", "-") if key != "num_partitions" else "num-clients", value, "an integer")
         for key in ("dirichlet_alpha", "test_fraction"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-                _fail(key.replace("_", "-"), value, "a finite number")
+                invalid_setting(key.replace("_", "-"), value, "a finite number")
         checks = [
             (bool(self.dataset) and self.dataset != "auto", "dataset", self.dataset,
              "a Hugging Face hub name (e.g. 'ylecun/mnist') or a local Parquet/CSV file or image folder"),
@@ -117,7 +118,7 @@ class PartitionSettings:
         ]
         for holds, key, value, allowed in checks:
             if not holds:
-                _fail(key, value, allowed)
+                invalid_setting(key, value, allowed)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _partitioner(settings: PartitionSettings) -> Any:
     label = dataset_schema(settings.dataset, settings.label_column, _excluded(settings)).label
     by = _partition_by(settings, label)
     if by not in rows.column_names:
-        _fail("partition-by", by, f"a column of the dataset: {rows.column_names}")
+        invalid_setting("partition-by", by, f"a column of the dataset: {rows.column_names}")
     n = settings.num_partitions
     if settings.partitioner == "iid":
         partitioner = IidPartitioner(num_partitions=n)
@@ -230,7 +231,7 @@ def grouped_partition(settings: PartitionSettings, partition_id: int) -> ClientD
                          f"(num-clients = {settings.num_partitions})")
     partitioner = _partitioner(settings)
     if settings.partitioner == "natural-id" and partitioner.num_partitions < settings.num_partitions:
-        _fail("num-clients", settings.num_partitions, f"at most {partitioner.num_partitions} (the distinct values of "
+        invalid_setting("num-clients", settings.num_partitions, f"at most {partitioner.num_partitions} (the distinct values of "
               f"column '{settings.partition_by}' in {settings.dataset})")
     schema = dataset_schema(settings.dataset, settings.label_column, _excluded(settings))
     part = partitioner.load_partition(int(partition_id))

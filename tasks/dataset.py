@@ -37,17 +37,13 @@ from numpy.typing import NDArray
 
 from fedroute.client.devices import check_device_name
 from fedroute.core.task import checked_client_ids
-from fedroute.data.partitions import PartitionSettings, dataset_schema, grouped_partition
+from fedroute.data.partitions import PartitionSettings, dataset_schema, grouped_partition, invalid_setting
 
 __all__ = ["DatasetTask", "BATCHED_CHOICES"]
 
 BATCHED_CHOICES = ("auto", "true", "false")
 """run-config ``batched-losses``: ``auto`` = batched on a GPU, the loop on the CPU (where ``vmap``'s grouped
 convolutions measured slower, docs/performance.md); ``true``/``false`` force one or the other."""
-
-
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"dataset task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
 
 
 @dataclass(frozen=True)
@@ -99,15 +95,15 @@ class DatasetTask:
         for key in ("local_epochs", "batch_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                _fail(key.replace("_", "-"), value, "an integer ≥ 1")
+                invalid_setting(key.replace("_", "-"), value, "an integer ≥ 1")
         if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float)) \
                 or not np.isfinite(self.learning_rate) or self.learning_rate <= 0:
-            _fail("learning-rate", self.learning_rate, "a finite number > 0")
+            invalid_setting("learning-rate", self.learning_rate, "a finite number > 0")
         if not str(self.model):
-            _fail("model", self.model, "'auto', 'cnn', 'mlp' or 'package.module:factory'")
+            invalid_setting("model", self.model, "'auto', 'cnn', 'mlp' or 'package.module:factory'")
         check_device_name(self.client_device)
         if str(self.batched_losses).lower() not in BATCHED_CHOICES:
-            _fail("batched-losses", self.batched_losses, f"one of {BATCHED_CHOICES}")
+            invalid_setting("batched-losses", self.batched_losses, f"one of {BATCHED_CHOICES}")
 
     @property
     def partition_settings(self) -> PartitionSettings:
