@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
+from fedroute.core.methods import ALGORITHM_FEDCAM, ALGORITHM_ROUTING  # noqa: F401  (the values of ALGORITHM)
+
 # Record keys.
 CONFIG = "config"
 MODEL = "model"
@@ -53,8 +55,6 @@ SPARE = "spare"
 SEED = "seed"
 RUN_KEY = "run-key"
 ALGORITHM = "algorithm"
-ALGORITHM_ROUTING = "routing"
-ALGORITHM_FEDCAM = "fedcam"
 ROUTING_PREFIX = "routing."
 SAMPLED_FRACTION = "sampled-fraction"
 """The strategy's ``fraction_train``: below 1 a client may play its first round at any ``t``."""

@@ -9,15 +9,96 @@ experiments use these presets and reproduce the paper's tables bit for bit.
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from fedroute.core.settings import RoutingSettings
 
-__all__ = ["METHODS", "REFERENCE_METHODS", "ALL_METHODS", "PRESETS", "PRESET_CONTROLLERS", "TASK_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings"]
+__all__ = ["METHODS", "REFERENCE_METHODS", "ALL_METHODS", "PRESETS", "PRESET_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings",
+           "Method", "REGISTRY", "method_spec", "ALGORITHMS", "ALGORITHM_ROUTING", "ALGORITHM_FEDCAM",
+           "ALGORITHM_LOCAL", "GREEDY", "EXP3", "SYNC_ENTRY", "FEDCAM", "FEDAVG", "LOCAL"]
 
-METHODS = ("greedy", "exp3", "sync-entry", "fedcam")
+GREEDY = "greedy"
+EXP3 = "exp3"
+SYNC_ENTRY = "sync-entry"
+FEDCAM = "fedcam"
+FEDAVG = "fedavg"
+LOCAL = "local"
+
+ALGORITHM_ROUTING = "routing"
+"""Hard routing over ``K`` cluster models (:class:`fedroute.strategies.clustered.ClusteredRouting`)."""
+ALGORITHM_FEDCAM = "fedcam"
+"""A global part plus cluster parts, Greedy on the combined predictor (:class:`fedroute.strategies.fedcam.FedCAM`)."""
+ALGORITHM_LOCAL = "local"
+"""Every client trains its own model alone (:class:`fedroute.strategies.local.LocalTraining`)."""
+ALGORITHMS = (ALGORITHM_ROUTING, ALGORITHM_FEDCAM, ALGORITHM_LOCAL)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One named method: what it runs, and what each runtime must know about it.
+
+    Attributes
+    ----------
+    name : str
+        The run-config value (``method = name``).
+    algorithm : str
+        One of :data:`ALGORITHMS`: which server algorithm runs it.
+    summary : str
+        One line for tables, help texts and docs.
+    label : str
+        The name figures and result tables show.
+    color : str
+        Its matplotlib colour in figures.
+    reference : bool
+        A reference every result is read against (``fedavg``, ``local``): not run by ``method = "all"``.
+    greedy_routing : bool
+        Routes with Greedy whatever the controller set (``greedy``, ``fedcam``; the references with ``K = 1``).
+    synchronized_entry : bool
+        Starts with a synchronized entry round.
+    single_model : bool
+        One model whatever ``K`` (``fedavg`` and ``local``: ``K = 1``).
+    shared_models : bool
+        Its models are shared by clients (``False`` for ``local``, whose models are each client's own: no
+        ``R_T``, no checkpoint of cluster models).
+    zero_output_start : bool
+        Its global part starts from the task's zero-output model (``fedcam``).
+    simulator_full_participation : bool
+        The batched simulator runs it with every client every round only (it refuses to replay
+        ``fraction_train < 1``).
+    """
+
+    name: str
+    algorithm: str
+    summary: str
+    label: str
+    color: str
+    reference: bool = False
+    greedy_routing: bool = False
+    synchronized_entry: bool = False
+    single_model: bool = False
+    shared_models: bool = True
+    zero_output_start: bool = False
+    simulator_full_participation: bool = False
+
+
+REGISTRY: dict[str, Method] = {method.name: method for method in (
+    Method(GREEDY, ALGORITHM_ROUTING, "Greedy IFCA: every client on its lowest-loss model, ties to the lowest index",
+           "Greedy IFCA", "tab:red", greedy_routing=True),
+    Method(EXP3, ALGORITHM_ROUTING, "autonomous EXP3 over the routing controllers", "EXP3", "tab:blue"),
+    Method(SYNC_ENTRY, ALGORITHM_ROUTING, "synchronized entry, then EXP3", "synchronized entry", "tab:purple",
+           synchronized_entry=True),
+    Method(FEDCAM, ALGORITHM_FEDCAM, "FedCAM: a global part plus cluster parts, Greedy on the combined predictor",
+           "FedCAM", "tab:green", greedy_routing=True, zero_output_start=True, simulator_full_participation=True),
+    Method(FEDAVG, ALGORITHM_ROUTING, "FedAvg: one global model", "FedAvg", "tab:gray", reference=True,
+           greedy_routing=True, single_model=True),
+    Method(LOCAL, ALGORITHM_LOCAL, "Local: every client trains its own model alone", "Local", "tab:olive",
+           reference=True, greedy_routing=True, single_model=True, shared_models=False,
+           simulator_full_participation=True),
+)}
+"""Every method, by name: the one place a method's name is written (tests aside)."""
+
+METHODS = tuple(name for name, method in REGISTRY.items() if not method.reference)
 """``greedy``: Greedy IFCA (every client on ``gr`` forever, ties to the lowest index).
 ``fedcam``: the FedCAM baseline (a global part plus cluster parts, Greedy on the
 combined predictor; :class:`fedroute.strategies.fedcam.FedCAM`).
@@ -26,7 +107,7 @@ the set contains ``hys``).
 ``sync-entry``: synchronized entry, then EXP3 (the presets: over ``{gr, hys}`` in
 action mode; the generic default: over its own controllers)."""
 
-REFERENCE_METHODS = ("fedavg", "local")
+REFERENCE_METHODS = tuple(name for name, method in REGISTRY.items() if method.reference)
 """The references every result is read against: ``fedavg``, one global model (``K = 1`` through the same
 strategy, ClientApp and server update: every client routes to the one model, whose update is FedAvg's
 sample-weighted mean); ``local``, every client training its own model alone from the same start
@@ -36,6 +117,15 @@ is not a value: write the list, e.g. ``"greedy,exp3,fedavg,local"``)."""
 
 ALL_METHODS = METHODS + REFERENCE_METHODS
 """Every method name a run config accepts."""
+
+
+def method_spec(name: str) -> Method:
+    """The registered :class:`Method` called ``name``; a clear error for any other name."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"method = {name!r} is invalid; allowed: one of {ALL_METHODS}") from None
+
 
 PRESET_CONTROLLERS = {
     "linear": ("gr", "rh"),
@@ -48,9 +138,6 @@ PRESET_CONTROLLERS = {
 
 PRESETS = tuple(PRESET_CONTROLLERS)
 """The paper's configurations, by task name."""
-
-TASK_CONTROLLERS = PRESET_CONTROLLERS
-"""Former name of :data:`PRESET_CONTROLLERS` (kept for existing imports)."""
 
 PRESET_ENTRY_THRESHOLDS = {"characters": 0.221, "femnist": 0.221}
 """Calibrated entry threshold ``τ`` per preset (0.0 in the other presets).  Characters:
@@ -87,7 +174,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
 ``docs/algorithm.md``, "The generic default", for why each value."""
 
 
-def method_settings(method: str, *positional: str, num_clusters: Optional[int] = None,
+def method_settings(method: str, *, num_clusters: Optional[int] = None,
                     preset: Optional[str] = None, **overrides: Any) -> RoutingSettings:
     """Routing settings of a named method: the generic default, or a paper preset.
 
@@ -110,33 +197,17 @@ def method_settings(method: str, *positional: str, num_clusters: Optional[int] =
     Returns
     -------
     RoutingSettings
-
-    Notes
-    -----
-    The former call ``method_settings(method, task)`` still works (the task is
-    taken as the preset) but warns: write ``method_settings(method, preset=task)``.
     """
-    if positional:
-        if len(positional) > 1 or preset is not None:
-            raise TypeError("method_settings(method, *, num_clusters=K, preset=None, **overrides) takes one "
-                            f"positional argument; got {(method, *positional)!r}. Write "
-                            "method_settings(method, num_clusters=K, preset=name) for a paper preset")
-        preset = positional[0]
-        warnings.warn(f"method_settings({method!r}, {preset!r}) is deprecated: the task argument is now a named "
-                      f"preset; write method_settings({method!r}, preset={preset!r}) for the paper's "
-                      f"configuration, or method_settings({method!r}) for the generic default",
-                      DeprecationWarning, stacklevel=2)
-    if method not in ALL_METHODS:
-        raise ValueError(f"method = {method!r} is invalid; allowed: {ALL_METHODS}")
+    spec = method_spec(method)
     if preset is not None and preset not in PRESETS:
         raise ValueError(f"preset = {preset!r} is invalid; allowed: None (the generic default) or the name of a "
                          f"paper task: one of {PRESETS}")
-    if method in REFERENCE_METHODS:
+    if spec.single_model:
         return RoutingSettings(num_clusters=1, controllers=("gr",))
     chosen = {key: value for key, value in overrides.items() if value is not None}
     if num_clusters is not None:
         chosen["num_clusters"] = num_clusters
-    if method in ("greedy", "fedcam"):
+    if spec.greedy_routing:
         chosen.pop("controllers", None)  # Greedy IFCA is Greedy whatever the controller set
         chosen.pop("synchronized_entry", None)
         base = RoutingSettings(controllers=("gr",))
@@ -149,12 +220,12 @@ def method_settings(method: str, *positional: str, num_clusters: Optional[int] =
 
 def _generic(method: str) -> RoutingSettings:
     """The generic default of ``exp3`` or ``sync-entry``."""
-    return RoutingSettings(**GENERIC_DEFAULTS, synchronized_entry=method == "sync-entry")
+    return RoutingSettings(**GENERIC_DEFAULTS, synchronized_entry=method_spec(method).synchronized_entry)
 
 
 def _preset(method: str, preset: str) -> RoutingSettings:
     """The paper's ``exp3`` or ``sync-entry`` on the task ``preset``."""
-    if method == "exp3":
+    if not method_spec(method).synchronized_entry:
         controllers = PRESET_CONTROLLERS[preset]
         base = RoutingSettings(
             controllers=controllers,

@@ -50,17 +50,24 @@ def test_presets_keep_every_paper_behaviour(method, preset):
     assert settings.num_clusters == 3
 
 
-def test_old_positional_call_warns_and_gives_the_preset():
-    with pytest.warns(DeprecationWarning, match=r"preset='gmm'"):
-        old = method_settings("exp3", "gmm", num_clusters=3)
-    assert old == method_settings("exp3", preset="gmm", num_clusters=3)
-    with pytest.raises(TypeError, match="preset=name"):
-        method_settings("exp3", "gmm", preset="gmm")
+def test_presets_are_named_and_a_positional_task_is_refused():
+    with pytest.raises(TypeError):
+        method_settings("exp3", "gmm", num_clusters=3)
     with pytest.raises(ValueError, match="preset"):
         method_settings("exp3", preset="mnist")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        method_settings("exp3", preset="linear")  # the new call does not warn
+    with pytest.raises(ValueError, match=r"method = 'ifca' is invalid; allowed"):
+        method_settings("ifca")
+
+
+def test_the_registry_names_every_method_once_and_derives_the_lists():
+    from fedroute.core.methods import ALL_METHODS, METHODS, REFERENCE_METHODS, REGISTRY, method_spec
+    assert METHODS == ("greedy", "exp3", "sync-entry", "fedcam")
+    assert REFERENCE_METHODS == ("fedavg", "local")
+    assert set(ALL_METHODS) == set(REGISTRY)
+    assert method_spec("local").single_model and not method_spec("local").shared_models
+    assert method_spec("sync-entry").synchronized_entry and method_settings("sync-entry").synchronized_entry
+    assert not method_settings("exp3").synchronized_entry
+    assert method_settings("fedavg", num_clusters=4).num_clusters == 1
 
 
 # ---------------------------------------------------------------- settings --
