@@ -17,8 +17,7 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["hard_update", "hard_update_checked", "routing_masses", "cluster_route_counts", "SERVER_UPDATES",
-           "ifca_gradient_step"]
+__all__ = ["hard_update", "hard_update_checked", "routing_masses", "SERVER_UPDATES", "ifca_gradient_step"]
 
 SERVER_UPDATES = ("average", "ifca-gradient")
 """How a cluster takes its routed clients' trained models.  ``average`` (the paper's hard update, and our
@@ -161,11 +160,6 @@ def routing_masses(
     grand = totals.sum(axis=1, keepdims=True)
     masses = np.divide(totals, grand, out=np.zeros_like(totals), where=grand > 0)
     return masses if run_index is not None else masses[0]
-
-
-def cluster_route_counts(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.int64]:
-    """Number of clients routed to each cluster."""
-    return np.bincount(routes, minlength=num_clusters).astype(np.int64)
 
 
 def ifca_gradient_step(

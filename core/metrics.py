@@ -28,10 +28,8 @@ __all__ = [
     "MAX_CANDIDATE_MAPS",
     "assignment_accuracy",
     "certified_starvation_basin",
-    "common_preference",
     "common_preferred_cluster",
     "composition",
-    "controller_free_choices",
     "femnist_recovery_levels",
     "greedy_choices",
     "group_routing_matrix",
@@ -149,11 +147,6 @@ def greedy_choices(losses: ArrayLike) -> np.ndarray:
     return np.argmin(_as_losses(losses, "losses"), axis=-1)
 
 
-def controller_free_choices(losses: ArrayLike) -> np.ndarray:
-    """Choices without any routing controller; identical to :func:`greedy_choices`."""
-    return greedy_choices(losses)
-
-
 def group_routing_matrix(routes: ArrayLike, groups: ArrayLike, num_clusters: int,
                          num_groups: int | None = None) -> np.ndarray:
     """Fraction of each group routed to each cluster.
@@ -210,23 +203,6 @@ def round_zero_attraction(losses: ArrayLike, groups: ArrayLike,
     if losses.ndim != 2:
         raise ValueError(f"losses must have shape (n, K), got {losses.shape}")
     return group_routing_matrix(np.argmin(losses, axis=-1), groups, losses.shape[-1], num_groups)
-
-
-def common_preference(population_losses: ArrayLike) -> bool | np.ndarray:
-    """Whether all groups prefer the same cluster model.
-
-    Parameters
-    ----------
-    population_losses : array_like, shape (..., G, K)
-        Loss of model ``k`` on the population objective of group ``g``.
-
-    Returns
-    -------
-    bool or numpy.ndarray of bool, shape (...)
-        True iff every group has the same argmin (ties to the lowest index).
-    """
-    preferred = np.argmin(_as_losses(population_losses, "population_losses"), axis=-1)
-    return _scalar_or_array(np.all(preferred == preferred[..., :1], axis=-1))
 
 
 def usable_models(losses: ArrayLike) -> int | np.ndarray:

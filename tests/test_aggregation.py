@@ -5,7 +5,7 @@ import pytest
 
 from fedroute import protocol
 from fedroute.core import aggregation
-from fedroute.core.aggregation import cluster_route_counts, hard_update, routing_masses
+from fedroute.core.aggregation import hard_update, routing_masses
 
 
 def test_hard_update_is_sample_weighted_per_cluster():
@@ -61,10 +61,6 @@ def test_routing_masses_three_clusters_one_empty():
 
 def test_routing_masses_no_clients_is_zero():
     np.testing.assert_array_equal(routing_masses(np.zeros(0, np.int64), np.zeros(0), 3), [0.0, 0.0, 0.0])
-
-
-def test_cluster_route_counts():
-    np.testing.assert_array_equal(cluster_route_counts(np.array([2, 0, 2, 2]), 3), [1, 0, 3])
 
 
 def test_hard_update_values_are_the_segment_sums_of_the_weighted_replies_bit_for_bit():

@@ -16,7 +16,6 @@ COMMON_PAIR = np.array([[1.0, 0.0], [2.0, 1.5]])
 def test_greedy_choices_break_ties_towards_lowest_index():
     losses = np.array([[1.0, 1.0, 2.0], [3.0, 0.5, 0.5], [2.0, 2.0, 2.0], [0.3, 0.2, 0.1]])
     np.testing.assert_array_equal(metrics.greedy_choices(losses), [0, 1, 0, 2])
-    np.testing.assert_array_equal(metrics.controller_free_choices(losses), [0, 1, 0, 2])
 
 
 def test_greedy_choices_supports_batch_axes():
@@ -40,15 +39,6 @@ def test_round_zero_attraction_empty_group_row_is_nan():
     attraction = metrics.round_zero_attraction([[0.0, 1.0], [1.0, 0.0]], [0, 0], num_groups=2)
     np.testing.assert_allclose(attraction[0], [0.5, 0.5])
     assert np.all(np.isnan(attraction[1]))
-
-
-def test_common_preference():
-    assert metrics.common_preference([[1.0, 2.0, 3.0], [0.5, 0.9, 0.6]]) is True
-    assert metrics.common_preference([[1.0, 2.0], [3.0, 2.0]]) is False
-    # A tie counts as the lowest index: both groups prefer cluster 0.
-    assert metrics.common_preference([[1.0, 1.0], [0.0, 4.0]]) is True
-    batch = np.array([[[1.0, 2.0], [1.0, 2.0]], [[1.0, 2.0], [2.0, 1.0]]])
-    np.testing.assert_array_equal(metrics.common_preference(batch), [True, False])
 
 
 def test_usable_models_counts_distinct_argmins():
