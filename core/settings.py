@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from fedroute.core.controllers import CONTROLLER_IDS
+from fedroute.core.validation import invalid
 
 __all__ = ["RoutingSettings", "EXP3_MODES", "EXPLORE_ON", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK"]
 
@@ -251,4 +252,4 @@ class RoutingSettings:
 
 def _check(condition: bool, name: str, value: Any, allowed: str) -> None:
     if not condition:
-        raise ValueError(f"routing setting '{name}' = {value!r} is invalid; allowed: {allowed}")
+        raise invalid(f"routing setting '{name}'", value, allowed)

@@ -30,6 +30,8 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from fedroute.core.validation import invalid
+
 __all__ = ["BUILT_IN_MODELS", "build_model", "model_factory", "initial_vectors", "SmallCNN", "SmallMLP"]
 
 BUILT_IN_MODELS = ("auto", "cnn", "mlp")
@@ -75,8 +77,8 @@ def _imported(path: str) -> Callable[..., nn.Module]:
     if not separator:
         module, _, attribute = path.rpartition(".")
     if not module or not attribute:
-        raise ValueError(f"run-config 'model' = {path!r} is invalid; allowed: {BUILT_IN_MODELS} or a dotted path "
-                         "'package.module:factory' to factory(input_shape, num_classes) -> torch.nn.Module")
+        raise invalid("run-config 'model'", path, f"{BUILT_IN_MODELS} or a dotted path 'package.module:factory' to "
+                      "factory(input_shape, num_classes) -> torch.nn.Module")
     try:
         factory = getattr(importlib.import_module(module), attribute)
     except (ImportError, AttributeError) as error:

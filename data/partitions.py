@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
+from fedroute.core.validation import invalid
 from fedroute.data.columns import as_arrays, image_column, label_column
 from fedroute.data.sources import load_source
 from fedroute.data.transforms import GROUP_TRANSFORMS, apply_group_transform, group_of
@@ -46,7 +47,7 @@ PARTITIONERS = ("iid", "dirichlet", "pathological", "natural-id")
 
 def invalid_setting(key: str, value: Any, allowed: str) -> None:
     """Raise the dataset task's error for one run-config key (the key, its value, what is allowed)."""
-    raise ValueError(f"dataset task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+    raise invalid(f"dataset task setting '{key}'", value, allowed)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
+from fedroute.core.validation import invalid
 
 __all__ = ["GROUP_TRANSFORMS", "apply_group_transform", "rotation_angle", "label_permutation", "group_of"]
 
@@ -84,4 +85,4 @@ def apply_group_transform(features: NDArray[np.float32], labels: NDArray[np.int6
             raise ValueError("run-config 'group-transform' = 'rotate' needs an image dataset (rows of shape "
                              f"(C, H, W)), got rows of shape {features.shape[1:]}; use 'permute-labels' or 'none'")
         return _rotated(features, rotation_angle(group, num_groups)), labels
-    raise ValueError(f"run-config 'group-transform' = {transform!r} is invalid; allowed: {GROUP_TRANSFORMS}")
+    raise invalid("run-config 'group-transform'", transform, str(GROUP_TRANSFORMS))

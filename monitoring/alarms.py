@@ -51,6 +51,10 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from fedroute.core.controllers import GREEDY as GREEDY_CONTROLLER
+from fedroute.core.methods import EXP3, SYNC_ENTRY
+from fedroute.core.validation import invalid
+
 __all__ = [
     "AlarmSettings", "Alarm", "AlarmEvent", "AlarmMonitor", "DeadFederation", "log_events", "starvation_basin",
     "task_starvation_basin", "missing_handler_advice", "evaluation_failure", "query_failure",
@@ -150,10 +154,10 @@ class AlarmSettings:
         for name in ("starvation_rounds", "dead_rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} = {value!r} is invalid; allowed: an integer ≥ 1")
+                raise invalid(name, value, "an integer ≥ 1")
         tolerance = self.duplication_tolerance
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
-            raise ValueError(f"duplication_tolerance = {tolerance!r} is invalid; allowed: a number in [0, 1)")
+            raise invalid("duplication_tolerance", tolerance, "a number in [0, 1)")
 
 
 @dataclass
@@ -226,8 +230,8 @@ def _rounds(first: int, last: int) -> str:
     return f"t={first}" if first == last else f"t={first}…{last}"
 
 
-_GREEDY_ADVICE = ("Greedy routing (IFCA) cannot revive it: use EXP3 routing (method exp3) or synchronized entry "
-                  "(method sync-entry), or start the cluster models further apart")
+_GREEDY_ADVICE = (f"Greedy routing (IFCA) cannot revive it: use EXP3 routing (method {EXP3}) or synchronized entry "
+                  f"(method {SYNC_ENTRY}), or start the cluster models further apart")
 _CONTROL_ADVICE = ("This method's routing control ({controllers}) may revive it, and a recovery message follows if "
                    "it does; if it stays starved, let clients explore more (exp3-exploration, "
                    "reversal-mass-threshold, entry-threshold) or start the cluster models further apart")
@@ -270,13 +274,13 @@ class AlarmMonitor:
     """
 
     def __init__(self, num_clusters: int, settings: AlarmSettings = AlarmSettings(),
-                 starvation_basin: Optional[bool] = None, controllers: Sequence[str] = ("gr",),
+                 starvation_basin: Optional[bool] = None, controllers: Sequence[str] = (GREEDY_CONTROLLER,),
                  random_ties: bool = False) -> None:
         self.num_clusters = int(num_clusters)
         self.settings = settings
         self.random_ties = bool(random_ties)
         self.starvation_basin = starvation_basin
-        self._advice = _GREEDY_ADVICE if tuple(controllers) == ("gr",) else \
+        self._advice = _GREEDY_ADVICE if tuple(controllers) == (GREEDY_CONTROLLER,) else \
             _CONTROL_ADVICE.format(controllers=",".join(controllers))
         self.alarms: list[Alarm] = []
         self._state = _State(unrouted=[0] * self.num_clusters)

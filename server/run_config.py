@@ -7,38 +7,43 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, get_type_hints
 
 from fedroute.client.devices import check_device_name
 from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
 from fedroute.core.aggregation import SERVER_UPDATES
+from fedroute.core.config_keys import dashed_keys
 from fedroute.core.influence import AGGREGATION_RULES, InfluenceBounds
-from fedroute.core.methods import ALL_METHODS, METHODS, PRESETS, method_settings
+from fedroute.core.methods import ALL_METHODS, EXP3, FEDAVG, GREEDY, LOCAL, METHODS, PRESETS, method_settings
 from fedroute.core.task import Task
+from fedroute.core.validation import invalid
 from fedroute.tasks.registry import task_from_config
 
 __all__ = ["RunSettings", "parse_run_config", "explicit_num_clients", "results_directory"]
 
-# Keys that name outputs or the run's length, not its dynamics.
+# run-config key → AlarmSettings field (every field).
+_ALARM_KEYS = dashed_keys(AlarmSettings)
+_ALARM_TYPES = get_type_hints(AlarmSettings)
+
+# Keys that name outputs or the run's length, not its dynamics (the alarms only watch).
 _NOT_DYNAMICS = {"method", "num-server-rounds", "results-dir", "checkpoint-dir", "client-state-dir", "round-timeout",
-                 "tensorboard", "starvation-rounds", "duplication-tolerance", "dead-rounds", "progress-interval",
-                 "save-round-models", "node-wait-timeout", "evaluate-every", "fraction-evaluate",
-                 "min-evaluate-nodes"}
+                 "tensorboard", *_ALARM_KEYS, "progress-interval", "save-round-models", "node-wait-timeout",
+                 "evaluate-every", "fraction-evaluate", "min-evaluate-nodes"}
 
 # Settings whose default value leaves the digest of the runs before they existed unchanged.
 _DIGEST_NEUTRAL = {("server-update", "average")}
 
-# run-config key → AlarmSettings field.
-_ALARM_KEYS = {"starvation-rounds": "starvation_rounds", "duplication-tolerance": "duplication_tolerance",
-               "dead-rounds": "dead_rounds"}
+EVERY_METHOD = "all"
+"""The ``method`` value that runs :data:`~fedroute.core.methods.METHODS` (the references not)."""
 
-# run-config key → RoutingSettings field, for keys whose value may be "auto"/0 (= method default).
-ROUTING_KEYS = {field.name.replace("_", "-"): field.name for field in fields(RoutingSettings)}
+ROUTING_KEYS = dashed_keys(RoutingSettings)
 """Run-config key → :class:`~fedroute.core.settings.RoutingSettings` field: every field, its name with dashes
 (``"auto"`` = the method's value in the chosen preset or generic default)."""
+
+_ROUTING_TYPES = get_type_hints(RoutingSettings)
 
 PRESET_CHOICES = ("auto", "generic", *PRESETS)
 """Values of the run-config key ``preset``: ``auto`` = the task's paper preset when the task
@@ -101,32 +106,35 @@ MAX_SEED = 2**63 - 1
 MAX_ROUTING_INTEGER = 10**9
 
 
+SHOWN_LENGTH = 60
+"""A run-config value in an error message is cut after this many characters."""
+
+
+def _invalid(key: str, value: Any, allowed: str, fix: Optional[str] = None) -> ValueError:
+    """The error for run-config ``key`` (:func:`fedroute.core.validation.invalid`, long values cut)."""
+    return invalid(f"run-config '{key}'", value, allowed, fix, limit=SHOWN_LENGTH)
+
+
 def _integer(config: Mapping[str, Any], key: str, low: int, high: int) -> int:
     value = config[key]
     integral = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
     if isinstance(value, bool) or not integral or not low <= value <= high:
-        raise ValueError(f"run-config '{key}' = {_shown(value)} is invalid; allowed: an integer in [{low}, {high}]")
+        raise _invalid(key, value, f"an integer in [{low}, {high}]")
     return int(value)
-
-
-def _shown(value: Any) -> str:
-    """A run-config value for an error message (long text cut)."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:60]}..."
 
 
 def _number(config: Mapping[str, Any], key: str, low: float, high: float) -> float:
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        allowed = f"a number in [{low}, {high}]" if math.isfinite(high) or math.isfinite(low) else "a finite number"
-        raise ValueError(f"run-config '{key}' = {_shown(value)} is invalid; allowed: {allowed}")
+        raise _invalid(key, value, f"a number in [{low}, {high}]" if math.isfinite(high) or math.isfinite(low)
+                       else "a finite number")
     return float(value)
 
 
 def _boolean(config: Mapping[str, Any], key: str) -> bool:
     value = config[key]
     if not isinstance(value, bool):
-        raise ValueError(f"run-config '{key}' = {_shown(value)} is invalid; allowed: true or false")
+        raise _invalid(key, value, "true or false")
     return value
 
 
@@ -134,7 +142,7 @@ def _alarm_settings(config: Mapping[str, Any]) -> AlarmSettings:
     values = {}
     for key, name in _ALARM_KEYS.items():
         if key in config:
-            values[name] = _integer(config, key, 1, MAX_ROUNDS) if name != "duplication_tolerance" else \
+            values[name] = _integer(config, key, 1, MAX_ROUNDS) if _ALARM_TYPES[name] is int else \
                 _number(config, key, 0.0, 1.0)
     try:
         return AlarmSettings(**values)
@@ -152,17 +160,16 @@ def _influence(config: Mapping[str, Any]) -> InfluenceBounds:
     if ratio == 0.0:
         ratio = math.inf
     elif ratio < 1.0:
-        raise ValueError(f"run-config 'max-weight-ratio' = {ratio!r} is invalid; allowed: 0 (no cap) or a number "
-                         "in [1, 1e6]")
+        raise _invalid("max-weight-ratio", ratio, "0 (no cap) or a number in [1, 1e6]")
     norm = _number(config, "max-update-norm", 0.0, 1e300) if "max-update-norm" in config else 0.0
     rule = str(config.get("aggregation", defaults.aggregation))
     if rule not in AGGREGATION_RULES:
-        raise ValueError(f"run-config 'aggregation' = {_shown(rule)} is invalid; allowed: {AGGREGATION_RULES}")
+        raise _invalid("aggregation", rule, str(AGGREGATION_RULES))
     beta = _number(config, "trim-fraction", 0.0, 0.49) if "trim-fraction" in config else defaults.trim_fraction
     update = str(config.get("server-update", defaults.server_update))
     if update not in SERVER_UPDATES:
-        raise ValueError(f"run-config 'server-update' = {_shown(update)} is invalid; allowed: {SERVER_UPDATES} "
-                         "(\"average\": the paper's model averaging; \"ifca-gradient\": IFCA's gradient step)")
+        raise _invalid("server-update", update, f"{SERVER_UPDATES} (\"average\": the paper's model averaging; "
+                       "\"ifca-gradient\": IFCA's gradient step)")
     return InfluenceBounds(max_weight_ratio=ratio, max_update_norm=norm or None, aggregation=rule,
                            trim_fraction=beta, server_update=update)
 
@@ -170,26 +177,28 @@ def _influence(config: Mapping[str, Any]) -> InfluenceBounds:
 def _routing_overrides(config: Mapping[str, Any]) -> dict[str, Any]:
     """Routing overrides from the run config; ``"auto"`` and ``0`` for H_max mean the method default."""
     overrides: dict[str, Any] = {}
-    kinds = {field.name: field.type for field in fields(RoutingSettings)}
     for key, name in ROUTING_KEYS.items():
-        if key not in config:
-            continue
-        value = config[key]
-        if value == "auto" or (key == "hysteresis-max-rounds" and value == 0):
-            continue
-        if name == "controllers":
-            value = tuple(part.strip() for part in str(value).split(",") if part.strip())
-        elif kinds[name] == "bool":
-            if not isinstance(value, bool):
-                raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: true, false or \"auto\"")
-        elif kinds[name] == "str":
-            value = str(value)
-        elif kinds[name] == "int":
-            value = _integer(config, key, 0 if name == "entry_max_candidates" else 1, MAX_ROUTING_INTEGER)
-        elif kinds[name] == "float":
-            value = _number(config, key, -sys.float_info.max, sys.float_info.max)
-        overrides[name] = value
+        if key in config and config[key] != "auto" and not (key == "hysteresis-max-rounds" and config[key] == 0):
+            overrides[name] = _routing_value(config, key, _ROUTING_TYPES[name])
     return overrides
+
+
+def _routing_value(config: Mapping[str, Any], key: str, kind: Any) -> Any:
+    """Run-config ``key``'s value as the routing field's type (its ranges: :class:`RoutingSettings`)."""
+    value = config[key]
+    if kind == tuple[str, ...]:  # controllers: "gr,rh"
+        return tuple(part.strip() for part in str(value).split(",") if part.strip())
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise _invalid(key, value, 'true, false or "auto"')
+        return value
+    if kind is str:
+        return str(value)
+    if kind is int:
+        return _integer(config, key, 0 if key == "entry-max-candidates" else 1, MAX_ROUTING_INTEGER)
+    if kind is float:
+        return _number(config, key, -sys.float_info.max, sys.float_info.max)
+    raise TypeError(f"routing setting for run-config '{key}' has the type {kind}, which the run config cannot set")
 
 
 def routing_preset(config: Mapping[str, Any]) -> Optional[str]:
@@ -201,7 +210,7 @@ def routing_preset(config: Mapping[str, Any]) -> Optional[str]:
     """
     preset = str(config.get("preset", "auto"))
     if preset not in PRESET_CHOICES:
-        raise ValueError(f"run-config 'preset' = {preset!r} is invalid; allowed: one of {PRESET_CHOICES}")
+        raise _invalid("preset", preset, f"one of {PRESET_CHOICES}")
     if preset == "auto":
         task = str(config.get("task", "linear"))
         return task if task in PRESETS else None
@@ -221,12 +230,11 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     -------
     RunSettings
     """
-    method = str(config.get("method", "all"))
-    methods = METHODS if method == "all" else tuple(part.strip() for part in method.split(","))
+    method = str(config.get("method", EVERY_METHOD))
+    methods = METHODS if method == EVERY_METHOD else tuple(part.strip() for part in method.split(","))
     if not methods or any(name not in ALL_METHODS for name in methods) or len(set(methods)) != len(methods):
-        raise ValueError(f"run-config 'method' = {method!r} is invalid; allowed: 'all' ({', '.join(METHODS)}), "
-                         f"one of {ALL_METHODS} or several of them, comma-separated and distinct "
-                         "(e.g. 'greedy,exp3,fedavg,local')")
+        raise _invalid("method", method, f"{EVERY_METHOD!r} ({', '.join(METHODS)}), one of {ALL_METHODS} or several "
+                       f"of them, comma-separated and distinct (e.g. '{','.join((GREEDY, EXP3, FEDAVG, LOCAL))}')")
     # Run-level numbers first: their errors name their key before a task sees them.
     num_rounds = _integer(config, "num-server-rounds", 1, MAX_ROUNDS) if "num-server-rounds" in config else 80
     seed = _integer(config, "seed", 0, MAX_SEED) if "seed" in config else 0
@@ -291,9 +299,9 @@ def _evaluate_every(config: Mapping[str, Any], num_rounds: int) -> int:
         return 0
     value = config["evaluate-every"]
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= num_rounds:
-        raise ValueError(f"run-config 'evaluate-every' = {_shown(value)} is invalid; allowed: 0 (only the final "
-                         f"evaluation) or an integer in [1, num-server-rounds = {num_rounds}] (evaluate the clients "
-                         "after every that many rounds), e.g. --run-config 'evaluate-every=5'")
+        raise _invalid("evaluate-every", value, f"0 (only the final evaluation) or an integer in [1, "
+                       f"num-server-rounds = {num_rounds}] (evaluate the clients after every that many rounds)",
+                       fix="e.g. --run-config 'evaluate-every=5'")
     return value
 
 
