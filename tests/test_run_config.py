@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from fedroute.server.run_config import parse_run_config
+from fedroute.core.methods import EXP3
+from fedroute.core.settings import EXPLORE_ON, EXP3_MODES, MASS_THRESHOLD_UNITS, TIE_BREAKING, RoutingSettings
+from fedroute.server.run_config import ROUTING_KEYS, parse_run_config
 from fedroute.simulation.cli import main
 
 
@@ -90,3 +93,34 @@ def test_every_task_is_built_from_run_config_keys(tmp_path: Path) -> None:
     assert linear.dimension == 3  # keys of other tasks are ignored
     with pytest.raises(ValueError, match="'num-clients'"):
         task_from_config({"task": "gmm", "num-clients": 2.5})
+
+
+_CHOICES = {"exp3_mode": EXP3_MODES, "tie_breaking": TIE_BREAKING, "mass_threshold_unit": MASS_THRESHOLD_UNITS,
+            "explore_on": EXPLORE_ON}
+"""The values of the routing settings that are words."""
+
+
+def _other_value(name: str, value: object) -> tuple[object, object]:
+    """A valid value of routing field ``name`` other than ``value``: (as the run config writes it, as the field)."""
+    if isinstance(value, bool):
+        return not value, not value
+    if isinstance(value, int):
+        return value + 1, value + 1
+    if isinstance(value, float):
+        other = value / 2 if value > 0 else 0.1
+        return other, other
+    if isinstance(value, tuple):
+        return "gr,com", ("gr", "com")
+    other = next(choice for choice in _CHOICES[name] if choice != value)
+    return other, other
+
+
+@pytest.mark.parametrize("field", [field.name for field in fields(RoutingSettings)])
+def test_every_routing_setting_is_a_run_config_key(defaults: dict, field: str) -> None:
+    """Field ``a_b`` is key ``a-b`` of ``[tool.flwr.app.config]``, and a value set there reaches the method."""
+    key = field.replace("_", "-")
+    assert ROUTING_KEYS[key] == field and key in defaults
+    base = getattr(parse_run_config({**defaults, "method": EXP3}).routing[EXP3], field)
+    written, expected = _other_value(field, base)
+    settings = parse_run_config({**defaults, "method": EXP3, key: written})
+    assert getattr(settings.routing[EXP3], field) == expected != base
