@@ -1,146 +1,83 @@
 """Build a task from run-config keys (``[tool.flwr.app.config]`` or a dict).
 
-Each task has one key table: run-config key → (dataclass field, kind).  Keys
-of other tasks are ignored, so one run config can carry every task's keys.
-Range checks live in the task dataclasses; their messages name the run-config
-key and the allowed values.
+A task's run-config keys are its dataclass fields, each with dashes (field ``a_b``
+↔ key ``a-b``, :func:`task_keys`), except the few of :data:`NOT_KEYS` and
+:data:`TASK_NOT_KEYS`.  Keys of other tasks are ignored, so one run config can
+carry every task's keys.  Range checks live in the task dataclasses; their
+messages name the run-config key and the allowed values.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+from functools import lru_cache
+from typing import Any, Callable, Mapping, Optional, get_type_hints
 
+from fedroute.core.config_keys import dashed_keys
 from fedroute.core.task import Task
+from fedroute.core.validation import invalid
 
-__all__ = ["TASKS", "TASK_KEYS", "task_class", "task_from_config"]
+__all__ = ["TASKS", "TASK_CLASSES", "NOT_KEYS", "TASK_NOT_KEYS", "task_class", "task_keys", "task_from_config"]
 
-_KeyTable = dict[str, tuple[str, type]]
-
-_LINEAR_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "dimension": ("dimension", int),
-    "group-distance": ("group_distance", float),
-    "samples-per-client": ("samples_per_client", int),
-    "test-samples-per-client": ("test_samples_per_client", int),
-    "noise-std": ("noise_std", float),
-    "local-steps": ("local_steps", int),
-    "learning-rate": ("learning_rate", float),
-    "init": ("init", str),
-    "init-spread": ("init_spread", float),
-    "seed": ("seed", int),
+TASK_CLASSES: dict[str, str] = {
+    "linear": "fedroute.tasks.linear:LinearTask",
+    "housing": "fedroute.tasks.housing:HousingTask",
+    "gmm": "fedroute.tasks.gmm:GMMTask",
+    "characters": "fedroute.tasks.characters:CharactersTask",
+    "femnist": "fedroute.tasks.femnist:FemnistTask",
+    "boundaries": "fedroute.tasks.boundaries:BoundariesTask",
+    "digit-rotations": "fedroute.tasks.digit_rotations:DigitRotationsTask",
+    "collinear": "fedroute.tasks.collinear:CollinearTask",
+    "dataset": "fedroute.tasks.dataset:DatasetTask",
 }
+"""Task name → ``module:class`` of the task.  Only the task a run names is imported (every deployed
+message starts a fresh ClientApp process, which pays for each import)."""
 
-_HOUSING_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "test-fraction": ("test_fraction", float),
-    "local-steps": ("local_steps", int),
-    "learning-rate": ("learning_rate", float),
-    "init-radius": ("init_radius", float),
-    "init-jitter": ("init_jitter", float),
-    "seed": ("seed", int),
-    "data-file": ("data_file", str),  # "" = not given ($FEDROUTE_HOUSING_FILE, else download)
-}
+TASKS = tuple(TASK_CLASSES)
 
-_GMM_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "samples-per-client": ("samples_per_client", int),
-    "test-samples-per-client": ("test_samples_per_client", int),
-    "noise-std": ("noise_std", float),
-    "local-steps": ("local_steps", int),
-    "learning-rate": ("learning_rate", float),
-    "init-radius": ("init_radius", float),
-    "init-jitter": ("init_jitter", float),
-    "entrance": ("entrance", str),
-    "seed": ("seed", int),
-}
+NOT_KEYS = ("name",)
+"""Fields of any task that are no run-config keys: ``name`` (the key ``task`` chooses the task)."""
 
-_CHARACTERS_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "test-fraction": ("test_fraction", float),
-    "hidden-units": ("hidden_units", int),
-    "local-steps": ("local_steps", int),
-    "learning-rate": ("learning_rate", float),
-    "pretrain-epochs": ("pretrain_epochs", int),
-    "pretrain-learning-rate": ("pretrain_learning_rate", float),
-    "base-epochs": ("base_epochs", int),
-    "alpha": ("alpha", float),
-    "seed": ("seed", int),
+TASK_NOT_KEYS: dict[str, tuple[str, ...]] = {
+    # The paper's E5 mixture (G = 3, C = 5, d = 10, its teachers and start) stays fixed: ``num-groups``,
+    # ``num-classes`` and ``dimension`` are keys of other tasks (one run config carries them all).
+    "gmm": ("num_groups", "num_classes", "dimension", "centre_norm", "teacher_scale", "label_temperature",
+            "max_init_draws", "rounds"),
+    # The paper's housing start: ``entrance`` is the GMM task's key.
+    "housing": ("entrance", "max_init_draws"),
 }
+"""Task name → its fields that are no run-config keys (they keep the task's defaults)."""
 
-_FEMNIST_KEYS: _KeyTable = {
-    **_CHARACTERS_KEYS,
-    "dataset": ("dataset", str),
-    "data-file": ("data_file", str),  # "" = the hub
-    "first-writer": ("first_writer", int),
-    "num-classes": ("num_classes", int),
-    "image-size": ("image_size", int),
-}
-
-_BOUNDARIES_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "num-groups": ("num_groups", int),
-    "samples-per-client": ("samples_per_client", int),
-    "test-samples-per-client": ("test_samples_per_client", int),
-    "label-sharpness": ("label_sharpness", float),
-    "hidden-units": ("hidden_units", int),
-    "local-steps": ("local_steps", int),
-    "learning-rate": ("learning_rate", float),
-    "seed": ("seed", int),
-}
-
-_DIGIT_ROTATIONS_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "num-groups": ("num_groups", int),
-    "test-fraction": ("test_fraction", float),
-    "hidden-units": ("hidden_units", int),
-    "local-steps": ("local_steps", int),
-    "learning-rate": ("learning_rate", float),
-    "weight-decay": ("weight_decay", float),
-    "seed": ("seed", int),
-}
-
-_DATASET_KEYS: _KeyTable = {
-    "num-clients": ("num_clients", int),
-    "dataset": ("dataset", str),
-    "partitioner": ("partitioner", str),
-    "dirichlet-alpha": ("dirichlet_alpha", float),
-    "partition-by": ("partition_by", str),
-    "classes-per-client": ("classes_per_client", int),
-    "num-groups": ("num_groups", int),
-    "group-transform": ("group_transform", str),
-    "label-column": ("label_column", str),
-    "test-fraction": ("test_fraction", float),
-    "model": ("model", str),
-    "local-epochs": ("local_epochs", int),
-    "batch-size": ("batch_size", int),
-    "learning-rate": ("learning_rate", float),
-    "client-device": ("client_device", str),
-    "batched-losses": ("batched_losses", str),
-    "seed": ("seed", int),
-}
-
-TASK_KEYS: dict[str, tuple[str, _KeyTable]] = {
-    "linear": ("fedroute.tasks.linear:LinearTask", _LINEAR_KEYS),
-    "housing": ("fedroute.tasks.housing:HousingTask", _HOUSING_KEYS),
-    "gmm": ("fedroute.tasks.gmm:GMMTask", _GMM_KEYS),
-    "characters": ("fedroute.tasks.characters:CharactersTask", _CHARACTERS_KEYS),
-    "femnist": ("fedroute.tasks.femnist:FemnistTask", _FEMNIST_KEYS),
-    "boundaries": ("fedroute.tasks.boundaries:BoundariesTask", _BOUNDARIES_KEYS),
-    "digit-rotations": ("fedroute.tasks.digit_rotations:DigitRotationsTask", _DIGIT_ROTATIONS_KEYS),
-    "collinear": ("fedroute.tasks.collinear:CollinearTask", _LINEAR_KEYS),
-    "dataset": ("fedroute.tasks.dataset:DatasetTask", _DATASET_KEYS),
-}
-"""Task name → (``module:class`` of the task, run-config key table).  Only the task a run names is
-imported (every deployed message starts a fresh ClientApp process, which pays for each import)."""
+_KIND = {int: int, float: float, str: str, Optional[str]: str}
+"""A task field's type → the kind its run-config value is converted to."""
 
 
 def task_class(name: str) -> Callable[..., Task]:
     """The task class registered as ``name`` (imported on first use)."""
-    module, _, attribute = TASK_KEYS[name][0].partition(":")
+    module, _, attribute = TASK_CLASSES[name].partition(":")
     return getattr(importlib.import_module(module), attribute)
 
-TASKS = tuple(TASK_KEYS)
+
+@lru_cache(maxsize=None)
+def task_keys(name: str) -> dict[str, tuple[str, type]]:
+    """Run-config key → (field, kind) of the task ``name``: every field of its dataclass but the exceptions.
+
+    Raises
+    ------
+    TypeError
+        If a key's field has a type the run config cannot give (not ``int``, ``float`` or ``str``).
+    """
+    factory = task_class(name)
+    types = get_type_hints(factory)
+    exclude = (*(field for field in NOT_KEYS if field in types), *TASK_NOT_KEYS.get(name, ()))
+    table = {}
+    for key, field in dashed_keys(factory, exclude).items():
+        if types[field] not in _KIND:
+            raise TypeError(f"task {name!r}: field {field!r} has the type {types[field]}, which the run config "
+                            "cannot give; add it to TASK_NOT_KEYS or give it a type int, float or str")
+        table[key] = (field, _KIND[types[field]])
+    return table
+
 
 MAX_INTEGER = 2**63 - 1
 """Largest integer a task key takes (what a Flower ConfigRecord carries)."""
@@ -168,24 +105,22 @@ def _convert(key: str, value: Any, kind: type) -> Any:
     """``value`` as ``kind``; errors name the run-config key."""
     if kind is str:
         return str(value)
+    field = f"run-config '{key}'"
     if isinstance(value, bool):
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: "
-                         f"{'an integer' if kind is int else 'a number'}")
+        raise invalid(field, value, "an integer" if kind is int else "a number")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: "
-                         f"{'an integer' if kind is int else 'a number'}") from None
+        raise invalid(field, value, "an integer" if kind is int else "a number") from None
     if kind is int:
         if number != number or number in (float("inf"), float("-inf")) or number != int(number) \
                 or not -MAX_INTEGER <= int(number) <= MAX_INTEGER:
-            raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: an integer in "
-                             f"[{-MAX_INTEGER}, {MAX_INTEGER}]")
+            raise invalid(field, value, f"an integer in [{-MAX_INTEGER}, {MAX_INTEGER}]")
         if key in UPPER_BOUNDS and int(number) > UPPER_BOUNDS[key]:
-            raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: at most {UPPER_BOUNDS[key]}")
+            raise invalid(field, value, f"at most {UPPER_BOUNDS[key]}")
         return int(number)
     if number != number or number in (float("inf"), float("-inf")):
-        raise ValueError(f"run-config '{key}' = {value!r} is invalid; allowed: a finite number")
+        raise invalid(field, value, "a finite number")
     return number
 
 
@@ -196,15 +131,14 @@ def task_from_config(config: Mapping[str, Any]) -> Task:
     other tasks and unrelated keys are ignored.
     """
     name = config.get("task", "linear")
-    if name not in TASK_KEYS:
-        raise ValueError(f"run-config 'task' = {name!r} is invalid; allowed: {TASKS}")
-    factory, keys = task_class(name), TASK_KEYS[name][1]
+    if name not in TASK_CLASSES:
+        raise invalid("run-config 'task'", name, str(TASKS))
     arguments = {}
-    for key, (field, kind) in keys.items():
+    for key, (field, kind) in task_keys(name).items():
         if key in config and config[key] != "auto":  # "auto": the task's own default
             arguments[field] = _convert(key, config[key], kind)
     if name == "dataset" and isinstance(config.get("batched-losses"), bool):
         arguments["batched_losses"] = str(config["batched-losses"]).lower()
     if name == "housing" and arguments.get("data_file") == "":
         arguments["data_file"] = None
-    return factory(**arguments)
+    return task_class(name)(**arguments)

@@ -124,3 +124,46 @@ def test_every_routing_setting_is_a_run_config_key(defaults: dict, field: str) -
     written, expected = _other_value(field, base)
     settings = parse_run_config({**defaults, "method": EXP3, key: written})
     assert getattr(settings.routing[EXP3], field) == expected != base
+
+
+_CHARACTERS_KEYS = ("num-clients test-fraction hidden-units local-steps learning-rate pretrain-epochs "
+                    "pretrain-learning-rate base-epochs alpha seed")
+_LINEAR_KEYS = ("num-clients dimension group-distance samples-per-client test-samples-per-client noise-std local-steps "
+                "learning-rate init init-spread seed")
+TASK_KEY_NAMES = {
+    "linear": _LINEAR_KEYS,
+    "collinear": _LINEAR_KEYS,
+    "housing": "num-clients test-fraction local-steps learning-rate init-radius init-jitter seed data-file",
+    "gmm": "num-clients noise-std samples-per-client test-samples-per-client local-steps learning-rate init-radius "
+           "init-jitter entrance seed",
+    "characters": _CHARACTERS_KEYS,
+    "femnist": f"{_CHARACTERS_KEYS} dataset data-file first-writer num-classes image-size",
+    "boundaries": "num-clients num-groups samples-per-client test-samples-per-client label-sharpness hidden-units "
+                  "local-steps learning-rate seed",
+    "digit-rotations": "num-clients num-groups test-fraction hidden-units local-steps learning-rate weight-decay seed",
+    "dataset": "dataset num-clients partitioner dirichlet-alpha partition-by classes-per-client num-groups "
+               "group-transform label-column test-fraction model local-epochs batch-size learning-rate client-device "
+               "batched-losses seed",
+}
+"""Every task's run-config keys (the hand-made tables the registry derives now)."""
+
+
+@pytest.mark.parametrize("name", sorted(TASK_KEY_NAMES))
+def test_task_keys_are_its_fields_with_dashes_but_the_listed_exceptions(name: str) -> None:
+    from fedroute.tasks.registry import NOT_KEYS, TASK_NOT_KEYS, TASKS, task_class, task_keys
+
+    assert set(TASKS) == set(TASK_KEY_NAMES)
+    keys = task_keys(name)
+    assert set(keys) == set(TASK_KEY_NAMES[name].split())
+    names = {field.name for field in fields(task_class(name))}
+    assert {field for field, _ in keys.values()} == names - set(NOT_KEYS) - set(TASK_NOT_KEYS.get(name, ()))
+    assert set(TASK_NOT_KEYS.get(name, ())) <= names
+    assert all(key == field.replace("_", "-") and kind in (int, float, str) for key, (field, kind) in keys.items())
+
+
+def test_a_field_that_is_no_key_keeps_the_tasks_default() -> None:
+    from fedroute.tasks.registry import task_from_config
+
+    gmm = task_from_config({"task": "gmm", "dimension": 3, "num-groups": 4, "num-classes": 7})
+    assert (gmm.dimension, gmm.num_groups, gmm.num_classes) == (10, 3, 5)  # the linear/boundaries/femnist keys
+    assert task_from_config({"task": "housing", "entrance": "any"}).entrance == "collapsed"  # the GMM key
