@@ -44,10 +44,17 @@ class RoutingSettings:
     commitment_margin : float
         ``δ_com`` in ``[0, 1)``.
     reversal_mass_threshold : float
-        ``μ_rev``: the mass below which a cluster is *underused* (an entry
-        candidate).  In ``[0, 1]`` with ``mass_threshold_unit = "mass"``; in
-        ``[0, K]`` with ``"fair-share"``, where it counts fair shares ``1/K``
-        (``0.4`` means ``0.4/K``).
+        ``μ_rev``, the *underused* threshold (the paper's name; the Reversal
+        controller does not read it: it routes to the lightest cluster whatever
+        its mass).  Read as :attr:`underused_mass` by (1) the entry test: a
+        cluster whose broadcast mass is below it is an entry candidate
+        (synchronized entry and the ``hys`` arm, :mod:`fedroute.core.entry`);
+        (2) the exploitation phase's consolidation (``exploitation_consolidates``),
+        which skips the clusters underused in the previous round; (3) the
+        collapse signs of ``explore_on = "collapse"`` (:mod:`fedroute.core.health`):
+        a cluster whose preferred share is underused so is unwanted.  In ``[0, 1]``
+        with ``mass_threshold_unit = "mass"``; in ``[0, K]`` with ``"fair-share"``,
+        where it counts fair shares ``1/K`` (``0.4`` means ``0.4/K``).
     mass_threshold_unit : {"mass", "fair-share"}
         Unit of ``reversal_mass_threshold``: an absolute mass (paper presets),
         or a multiple of the fair share ``1/K`` (scales with ``K``).
