@@ -1,7 +1,9 @@
 """Routing controllers (docs/algorithm.md, rules §3): loss vectors to route distributions.
 
 Every function is vectorised over a leading axis of clients: ``losses`` has
-shape ``(n, K)`` and the result ``(n, K)`` holds one distribution per client.
+shape ``(n, K)``.  The controllers (:func:`rank_hedge`, :func:`reversal`,
+:func:`commitment`) return ``(n, K)``, one distribution per client; Greedy is
+:func:`greedy_routes` (the ``(n,)`` routes; :func:`one_hot` makes them distributions).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ __all__ = [
     "greedy_routes",
     "consolidating_greedy_routes",
     "one_hot",
-    "greedy",
     "rank_hedge",
     "reversal",
     "commitment",
@@ -92,11 +93,6 @@ def consolidating_greedy_routes(
 def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]:
     """Point-mass distributions ``e_r`` for integer routes ``(n,)``."""
     return np.eye(num_clusters, dtype=np.float64)[routes]
-
-
-def greedy(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np.float64]] = None) -> NDArray[np.float64]:
-    """Greedy (IFCA): ``π = e_{argmin_k ℓ_k}``; ties as in :func:`greedy_routes`."""
-    return one_hot(greedy_routes(losses, tie_uniforms), losses.shape[-1])
 
 
 def rank_hedge(losses: NDArray[np.float64], temperature: float) -> NDArray[np.float64]:
