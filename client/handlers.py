@@ -34,6 +34,7 @@ from fedroute.core.evaluation import task_metrics
 from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_losses, uses_output_sum
 from fedroute.core.client_step import client_round, provisional_greedy_routes
 from fedroute.core.health import RoutingView
+from fedroute.core.methods import ALGORITHM_LOCAL
 from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
 from fedroute.strategies.records import array_record, decode_array
@@ -268,9 +269,11 @@ class AlgorithmHandling:
 ALGORITHM_HANDLING: dict[str, AlgorithmHandling] = {
     protocol.ALGORITHM_ROUTING: AlgorithmHandling(routing_reply, global_part=False),
     protocol.ALGORITHM_FEDCAM: AlgorithmHandling(fedcam_reply, global_part=True),
+    ALGORITHM_LOCAL: AlgorithmHandling(routing_reply, global_part=False),
 }
-"""Per value of :data:`~fedroute.protocol.ALGORITHM` (:data:`fedroute.core.methods.ALGORITHMS`; the local
-references run through the routing messages with their own models): the one place the client dispatches."""
+"""Per value of :data:`~fedroute.protocol.ALGORITHM` (every one of :data:`fedroute.core.methods.ALGORITHMS`):
+the one place the client dispatches.  Local training sends the routing messages (``K = 1``, each client's
+own model as ``cluster-0``; :mod:`fedroute.strategies.local`), so it is handled as routing."""
 
 
 def algorithm_handling(config: dict[str, Any]) -> AlgorithmHandling:

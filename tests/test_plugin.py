@@ -272,8 +272,7 @@ def test_an_unknown_algorithm_is_refused_naming_the_allowed_ones() -> None:
     from fedroute.client.handlers import ALGORITHM_HANDLING
     from fedroute.core.methods import ALGORITHMS, REGISTRY
 
-    assert set(ALGORITHM_HANDLING) <= set(ALGORITHMS)
-    assert {m.algorithm for m in REGISTRY.values() if m.shared_models} <= set(ALGORITHM_HANDLING)
+    assert set(ALGORITHM_HANDLING) == set(ALGORITHMS) == {method.algorithm for method in REGISTRY.values()}
     task = LinearTask(num_clients=2, seed=4)
     strategy = ClusteredRouting(RoutingSettings(num_clusters=2), min_available_nodes=2,
                                 client_config={protocol.ALGORITHM: "no-such-algorithm"})
@@ -281,7 +280,7 @@ def test_an_unknown_algorithm_is_refused_naming_the_allowed_ones() -> None:
     grid = InProcessGrid({}, 2)
     (message, _) = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), grid)
     with pytest.raises(ValueError, match=r"'algorithm' = 'no-such-algorithm' is invalid; allowed: one of "
-                                         r"\('routing', 'fedcam'\)"):
+                                         r"\('routing', 'fedcam', 'local'\)"):
         linear_user_app(task)[MessageType.TRAIN](message, grid.contexts[1000])
 
 
