@@ -35,7 +35,8 @@ from flwr.clientapp import ClientApp
 
 from fedroute import protocol
 from fedroute.app_identity import app_files, app_fingerprint
-from fedroute.client.handlers import handle_evaluate, handle_query, handle_train, message_config
+from fedroute.client.handlers import handle_evaluate, handle_query, handle_train
+from fedroute.client.received import message_config
 from fedroute.core.task import ClientBatch
 from fedroute.tasks.registry import task_from_config
 

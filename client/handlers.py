@@ -7,7 +7,7 @@ hand over — a :class:`~fedroute.core.task.ClientBatch` of one client, built by
 ``make_client(config)`` factory from the message's ``config`` record.  From there
 :func:`handle_train`, :func:`handle_evaluate` and :func:`handle_query` are shared:
 the message's config and routing settings, the ``K`` decoded models (and
-FedCAM's global part), the controller state in ``Context.state`` (and the state
+FedCAM's global part; :mod:`fedroute.client.received`), the controller state in ``Context.state`` (and the state
 directory), :func:`~fedroute.core.client_step.client_round` and the reply schema
 of :mod:`fedroute.protocol`.  The server algorithm a message names
 (:data:`~fedroute.protocol.ALGORITHM`, a value of :data:`fedroute.core.methods.ALGORITHMS`;
@@ -33,18 +33,17 @@ from fedroute import protocol
 from fedroute.core.evaluation import task_metrics
 from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_losses, uses_output_sum
 from fedroute.core.client_step import client_round, provisional_greedy_routes
-from fedroute.core.health import RoutingView
 from fedroute.core.methods import ALGORITHM_LOCAL
 from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
-from fedroute.strategies.records import array_record, decode_array
+from fedroute.client.received import cluster_models, global_part, is_identification, message_config, \
+    received_view, routing_config
+from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
 
-__all__ = ["handle_train", "handle_evaluate", "handle_query", "ClientFactory", "Received", "AlgorithmHandling",
-           "ALGORITHM_HANDLING", "algorithm_handling", "received", "message_config", "routing_config",
-           "cluster_models", "global_part", "routing_reply", "fedcam_reply", "reply", "evaluation_losses",
-           "evaluation_reply", "num_examples_metric", "identity_reply", "is_identification",
-           "evaluation_task_metrics"]
+__all__ = ["handle_train", "handle_evaluate", "handle_query", "ClientFactory", "Received", "received",
+           "AlgorithmHandling", "ALGORITHM_HANDLING", "algorithm_handling", "routing_reply", "fedcam_reply", "reply",
+           "evaluation_losses", "evaluation_reply", "evaluation_task_metrics", "num_examples_metric", "identity_reply"]
 
 ClientFactory = Callable[[dict[str, Any]], ClientBatch]
 """``make_client(config) -> ClientBatch``: this node's client (a batch of one) for a message's config."""
@@ -99,77 +98,9 @@ def evaluation_task_metrics(clients: ClientBatch, models: np.ndarray,
     return {name: values[0] for name, values in task_metrics(clients, models, "test").items()}
 
 
-def is_identification(message: Message) -> bool:
-    """Whether a ``QUERY`` is the strategy's identification (partial participation: no models, answer who you are)."""
-    records = message.content.config_records
-    return protocol.CONFIG in records and records[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_IDENTIFY
-
-
 def identity_reply(message: Message, client_id: int, num_examples: float) -> Message:
     """The answer to an identification ``QUERY``: the client's id and sample count (nothing is evaluated)."""
     return reply(message, {protocol.CLIENT_ID: int(client_id), protocol.NUM_EXAMPLES: num_examples_metric(num_examples)})
-
-
-def received_view(config: dict[str, Any], num_clusters: int) -> Optional[RoutingView]:
-    """The server's health view in a message (one row), or None when it sent none."""
-    if protocol.EXPLORE not in config:
-        return None
-    merged = np.asarray(config[protocol.MERGED_INTO], dtype=np.int64).reshape(1, -1)
-    spare = np.asarray(config[protocol.SPARE], dtype=bool).reshape(1, -1)
-    if merged.shape[1] != num_clusters or spare.shape[1] != num_clusters \
-            or merged.min(initial=-1) < -1 or merged.max(initial=-1) >= num_clusters:
-        raise ValueError(f"the message's '{protocol.MERGED_INTO}'/'{protocol.SPARE}' do not describe "
-                         f"{num_clusters} clusters")
-    return RoutingView(explore=np.array([bool(config[protocol.EXPLORE])]), merged_into=merged, spare=spare)
-
-
-# ------------------------------------------------------------------ received side
-def message_config(message: Message) -> dict[str, Any]:
-    """The message's ``config`` record as a dict (empty without one)."""
-    records = message.content.config_records
-    return dict(records[protocol.CONFIG].items()) if protocol.CONFIG in records else {}
-
-
-def routing_config(message: Message) -> dict[str, Any]:
-    """The ``config`` record of a message of fedroute's strategies.
-
-    Raises
-    ------
-    ValueError
-        If the record lacks the routing keys (the message was not sent by ClusteredRouting or FedCAM).
-    """
-    config = message_config(message)
-    if protocol.RUN_KEY not in config:
-        raise ValueError(f"this {message.metadata.message_type!r} message (records {list(message.content)}) was not "
-                         "sent by fedroute's ClusteredRouting: its ConfigRecord 'config' has no routing keys. "
-                         "Use ClusteredRouting (or FedCAM) as the ServerApp's strategy")
-    return config
-
-
-def _decoded(message: Message, key: str, clients: ClientBatch, check_layout: bool) -> dict[str, np.ndarray]:
-    """The ArrayRecord ``key`` as numpy arrays, checked against the client's module when ``check_layout``."""
-    arrays = {name: decode_array(array) for name, array in message.content.array_records[key].items()}
-    if check_layout:
-        clients.check_template(arrays)
-    return arrays
-
-
-def cluster_models(message: Message, num_clusters: int, clients: ClientBatch,
-                   check_layout: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The ``K`` broadcast models as a (K, P) float64 array, and cluster 0's arrays (the reply template)."""
-    keys = [protocol.cluster_key(k) for k in range(num_clusters)]
-    missing = [key for key in keys if key not in message.content.array_records]
-    if missing:
-        raise ValueError(f"the message lacks the cluster models {missing} (records: {list(message.content)})")
-    decoded = [_decoded(message, key, clients, check_layout) for key in keys]
-    return protocol.stack_flat(decoded), decoded[0]
-
-
-def global_part(message: Message, clients: ClientBatch, check_layout: bool = False) -> np.ndarray:
-    """FedCAM's ``Θ_glob`` (the ``global-model`` record) as a flat vector."""
-    if protocol.GLOBAL_MODEL not in message.content.array_records:
-        raise ValueError(f"a FedCAM message needs the ArrayRecord '{protocol.GLOBAL_MODEL}'")
-    return protocol.flatten_arrays(_decoded(message, protocol.GLOBAL_MODEL, clients, check_layout))
 
 
 @dataclass(frozen=True)
