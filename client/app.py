@@ -1,4 +1,13 @@
-"""The fedroute ClientApp (thin): one client's routing round on Flower messages.
+"""The fedroute ClientApp (thin): our tasks' clients on the shared message handling.
+
+Each handler builds this node's client of the task — a
+:class:`~fedroute.core.task.ClientBatch` of one client — and hands it to
+:mod:`fedroute.client.handlers`, the implementation behind the public plugin
+handlers :func:`~fedroute.client.plugin.routing_train`, ``routing_evaluate`` and
+``routing_query`` as well: the same decoding, algorithm dispatch, controller
+state and replies.  (It calls that torch-free level, not the plugin functions,
+because those take a torch module and every message starts a fresh ClientApp
+process, which would pay for importing torch.)
 
 ``TRAIN``: compute the losses of all ``K`` broadcast models, run the agent
 step (controller choice, route, episode), train the routed model, reply with
@@ -17,6 +26,7 @@ in ``Context.state``.  A ``QUERY`` of phase
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,11 +35,8 @@ from flwr.clientapp import ClientApp
 
 from fedroute import protocol
 from fedroute.app_identity import app_files, app_fingerprint
-from fedroute.client.handlers import evaluation_losses, evaluation_reply, evaluation_task_metrics, fedcam_reply, \
-    identity_reply, is_identification, reply, routing_reply
-from fedroute.core.client_step import provisional_greedy_routes
-from fedroute.core.settings import RoutingSettings
-from fedroute.strategies.records import decode_array
+from fedroute.client.handlers import handle_evaluate, handle_query, handle_train
+from fedroute.client.received import message_config
 from fedroute.core.task import ClientBatch
 from fedroute.tasks.registry import task_from_config
 
@@ -67,8 +74,8 @@ def node_config_report(message: Message, node_config: Any) -> Message:
     return Message(content=content, reply_to=message)
 
 
-def _client(context: Context, config: dict[str, Any]) -> ClientBatch:
-    """This node's data (a batch of one client)."""
+def task_client(context: Context, config: dict[str, Any]) -> ClientBatch:
+    """This node's data (a batch of one client): the task's client of ``node_config["partition-id"]``."""
     if "partition-id" not in context.node_config:
         raise ValueError("node config needs 'partition-id' (and 'num-partitions'); "
                          "pass --node-config 'partition-id=<i> num-partitions=<n>'")
@@ -76,66 +83,19 @@ def _client(context: Context, config: dict[str, Any]) -> ClientBatch:
     return task_from_config(task_config(context, config)).clients(np.array([partition_id]))
 
 
-def _cluster_models(message: Message, num_clusters: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The broadcast models as a (K, P) float array, and cluster 0's arrays as the template."""
-    arrays = [
-        {name: decode_array(array) for name, array in message.content[protocol.cluster_key(k)].items()}
-        for k in range(num_clusters)
-    ]
-    return protocol.stack_flat(arrays), arrays[0]
-
-
-def _settings(config: dict[str, Any]) -> RoutingSettings:
-    return RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
-
-
-def _received(
-    message: Message, context: Context
-) -> tuple[dict[str, Any], RoutingSettings, np.ndarray, dict[str, np.ndarray], ClientBatch]:
-    """What every message handler needs: config, routing settings, the K models (flat and
-    cluster 0's arrays as the template) and this node's data."""
-    config = dict(message.content[protocol.CONFIG].items())
-    settings = _settings(config)
-    models, template = _cluster_models(message, settings.num_clusters)
-    return config, settings, models, template, _client(context, config)
-
-
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """One routing round: losses → agent step → local training of the routed model."""
-    config, settings, models, template, clients = _received(message, context)
-    if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
-        return _train_fedcam(message, config, models, template, clients)
-    return routing_reply(message, context, config, settings, clients, models, template)
-
-
-def _global_part(message: Message) -> np.ndarray:
-    """FedCAM's ``Θ_glob`` (the ``global-model`` record) as a flat vector."""
-    return protocol.flatten_arrays(
-        {name: decode_array(array) for name, array in message.content[protocol.GLOBAL_MODEL].items()})
-
-
-def _train_fedcam(message: Message, config: dict[str, Any], models: np.ndarray, template: dict[str, np.ndarray],
-                  clients: ClientBatch) -> Message:
-    """FedCAM: assignment by the combined predictor, local update of both parts."""
-    return fedcam_reply(message, config, clients, models, template, _global_part(message))
+    """One round of the algorithm the message names (routing: losses → agent step → local training)."""
+    return handle_train(message, context, partial(task_client, context))
 
 
 @app.query()
 def provisional(message: Message, context: Context) -> Message:
     """Synchronized entry, step 1: the Greedy choice at ``W^0`` (nothing trained); the node-config query; or,
     under partial participation, the identification (client id and sample count, no models)."""
-    if message.content[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_NODE_CONFIG:
+    if message_config(message).get(protocol.PHASE) == protocol.PHASE_NODE_CONFIG:
         return node_config_report(message, context.node_config)
-    if is_identification(message):
-        clients = _client(context, dict(message.content[protocol.CONFIG].items()))
-        return identity_reply(message, int(clients.client_ids[0]), float(clients.num_examples[0]))
-    config, settings, models, _, clients = _received(message, context)
-    return reply(message, {
-        protocol.CLUSTER: int(provisional_greedy_routes(clients, models, settings, int(config[protocol.SEED]))[0]),
-        protocol.NUM_EXAMPLES: int(clients.num_examples[0]),
-        protocol.CLIENT_ID: int(clients.client_ids[0]),
-    })
+    return handle_query(message, partial(task_client, context))
 
 
 @app.evaluate()
@@ -143,10 +103,4 @@ def evaluate(message: Message, context: Context) -> Message:
     """Controller-free evaluation: every model's loss on both splits (and the group label).
 
     Under FedCAM the models are the combined predictors of the cluster parts and ``Θ_glob``."""
-    config, _, models, _, clients = _received(message, context)
-    fedcam = config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM
-    global_model = _global_part(message) if fedcam else None
-    return evaluation_reply(message, int(clients.client_ids[0]), int(clients.num_examples[0]),
-                            evaluation_losses(clients, models, global_model, "train")[0],
-                            evaluation_losses(clients, models, global_model, "test")[0], int(clients.groups[0]),
-                            evaluation_task_metrics(clients, models, global_model))
+    return handle_evaluate(message, partial(task_client, context))

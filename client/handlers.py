@@ -1,16 +1,30 @@
-"""The replies of a routing client, shared by the built-in ClientApp and the plugin helpers.
+"""Message handling of a routing client: the one implementation behind both ClientApps.
 
-Both :mod:`fedroute.client.app` (our tasks) and :mod:`fedroute.client.plugin` (a
-user's torch model) decode a message into a :class:`~fedroute.core.task.ClientBatch`
-of one client and the ``K`` flat models; from there the round is the same and
-lives here: controller state from ``Context.state`` (and the state directory),
-:func:`~fedroute.core.client_step.client_round`, and the reply schema of
-:mod:`fedroute.protocol`.
+The public plugin handlers (:func:`~fedroute.client.plugin.routing_train`,
+``routing_evaluate``, ``routing_query``: a user's torch model) and the built-in
+ClientApp (:mod:`fedroute.client.app`: our tasks) differ only in the client they
+hand over — a :class:`~fedroute.core.task.ClientBatch` of one client, built by a
+``make_client(config)`` factory from the message's ``config`` record.  From there
+:func:`handle_train`, :func:`handle_evaluate` and :func:`handle_query` are shared:
+the message's config and routing settings, the ``K`` decoded models (and
+FedCAM's global part; :mod:`fedroute.client.received`), the controller state in ``Context.state`` (and the state
+directory), :func:`~fedroute.core.client_step.client_round` and the reply schema
+of :mod:`fedroute.protocol`.  The server algorithm a message names
+(:data:`~fedroute.protocol.ALGORITHM`, a value of :data:`fedroute.core.methods.ALGORITHMS`;
+absent = routing) is dispatched in one place, :data:`ALGORITHM_HANDLING`.
+
+``num-examples``: every reply (``TRAIN``, ``QUERY``, ``EVALUATE``, identification) sends the
+client's ``num_examples[0]`` through :func:`num_examples_metric` — an ``int`` when it is a whole
+number (sample counts: every built-in task, and a plugin user's ``n``), else the ``float`` weight
+(a plugin user may pass any weight > 0).  The server weighs the client's model by it.
+
+This module imports no torch (every fresh ClientApp process imports it).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -18,19 +32,29 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from fedroute import protocol
 from fedroute.core.evaluation import task_metrics
 from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_losses, uses_output_sum
-from fedroute.core.client_step import client_round
-from fedroute.core.health import RoutingView
+from fedroute.core.client_step import client_round, provisional_greedy_routes
+from fedroute.core.methods import ALGORITHM_LOCAL
 from fedroute.core.settings import RoutingSettings
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
+from fedroute.client.received import cluster_models, global_part, is_identification, message_config, \
+    received_view, routing_config
 from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
 
-__all__ = ["reply", "routing_reply", "fedcam_reply", "evaluation_losses", "evaluation_reply", "num_examples_metric",
-           "identity_reply", "is_identification", "evaluation_task_metrics"]
+__all__ = ["handle_train", "handle_evaluate", "handle_query", "ClientFactory", "Received", "received",
+           "AlgorithmHandling", "ALGORITHM_HANDLING", "algorithm_handling", "routing_reply", "fedcam_reply", "reply",
+           "evaluation_losses", "evaluation_reply", "evaluation_task_metrics", "num_examples_metric", "identity_reply"]
+
+ClientFactory = Callable[[dict[str, Any]], ClientBatch]
+"""``make_client(config) -> ClientBatch``: this node's client (a batch of one) for a message's config."""
 
 
 def num_examples_metric(value: float) -> int | float:
-    """``num-examples`` as an int when it is a whole number (sample counts), else a float weight."""
+    """``num-examples`` as an int when it is a whole number (sample counts), else a float weight.
+
+    The one rule of every reply's ``num-examples`` (module docstring): ``num_examples_metric(12.0) == 12``
+    (an ``int``), ``num_examples_metric(2.5) == 2.5``; never truncated.
+    """
     return int(value) if float(value).is_integer() else float(value)
 
 
@@ -74,33 +98,47 @@ def evaluation_task_metrics(clients: ClientBatch, models: np.ndarray,
     return {name: values[0] for name, values in task_metrics(clients, models, "test").items()}
 
 
-def is_identification(message: Message) -> bool:
-    """Whether a ``QUERY`` is the strategy's identification (partial participation: no models, answer who you are)."""
-    records = message.content.config_records
-    return protocol.CONFIG in records and records[protocol.CONFIG].get(protocol.PHASE) == protocol.PHASE_IDENTIFY
-
-
 def identity_reply(message: Message, client_id: int, num_examples: float) -> Message:
     """The answer to an identification ``QUERY``: the client's id and sample count (nothing is evaluated)."""
     return reply(message, {protocol.CLIENT_ID: int(client_id), protocol.NUM_EXAMPLES: num_examples_metric(num_examples)})
 
 
-def received_view(config: dict[str, Any], num_clusters: int) -> Optional[RoutingView]:
-    """The server's health view in a message (one row), or None when it sent none."""
-    if protocol.EXPLORE not in config:
-        return None
-    merged = np.asarray(config[protocol.MERGED_INTO], dtype=np.int64).reshape(1, -1)
-    spare = np.asarray(config[protocol.SPARE], dtype=bool).reshape(1, -1)
-    if merged.shape[1] != num_clusters or spare.shape[1] != num_clusters \
-            or merged.min(initial=-1) < -1 or merged.max(initial=-1) >= num_clusters:
-        raise ValueError(f"the message's '{protocol.MERGED_INTO}'/'{protocol.SPARE}' do not describe "
-                         f"{num_clusters} clusters")
-    return RoutingView(explore=np.array([bool(config[protocol.EXPLORE])]), merged_into=merged, spare=spare)
+@dataclass(frozen=True)
+class Received:
+    """What a message with models gives a handler (:func:`received`)."""
+
+    config: dict[str, Any]
+    settings: RoutingSettings
+    handling: "AlgorithmHandling"
+    clients: ClientBatch
+    models: np.ndarray
+    """The ``K`` cluster models, (K, P)."""
+    template: dict[str, np.ndarray]
+    """Cluster 0's arrays: names, shapes and dtypes of the replies' models."""
+    global_model: Optional[np.ndarray]
+    """FedCAM's global part (flat), or None."""
 
 
-def routing_reply(message: Message, context: Context, config: dict[str, Any], settings: RoutingSettings,
-                  clients: ClientBatch, models: np.ndarray, template: dict[str, np.ndarray]) -> Message:
+def received(message: Message, make_client: ClientFactory, check_layout: bool = False,
+             with_global_part: bool = True) -> Received:
+    """Decode a message with models: config → settings → algorithm → client → models (→ global part).
+
+    ``check_layout``: check every received model with the client's ``check_template`` (a user's module).
+    """
+    config = routing_config(message)
+    settings = RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
+    handling = algorithm_handling(config)
+    clients = make_client(config)
+    models, template = cluster_models(message, settings.num_clusters, clients, check_layout)
+    global_model = global_part(message, clients, check_layout) if handling.global_part and with_global_part \
+        else None
+    return Received(config, settings, handling, clients, models, template, global_model)
+
+
+# ------------------------------------------------------------------- algorithms
+def routing_reply(message: Message, context: Context, got: Received) -> Message:
     """One routing round of a one-client batch: state → agent step → training → reply."""
+    config, settings, clients = got.config, got.settings, got.clients
     run_key = str(config[protocol.RUN_KEY])
     masses = np.asarray(config[protocol.MASSES], dtype=np.float64) if config[protocol.HAS_MASSES] else None
     round_index, client_id = int(config[protocol.ROUND_INDEX]), int(clients.client_ids[0])
@@ -108,11 +146,11 @@ def routing_reply(message: Message, context: Context, config: dict[str, Any], se
     every_round = float(config.get(protocol.SAMPLED_FRACTION, 1.0)) >= 1.0
     state = load_agent_state(context, run_key, settings, round_index, client_id, directory, every_round)
     num_rounds = int(config[protocol.NUM_ROUNDS]) if protocol.NUM_ROUNDS in config else None
-    result = client_round(clients, state, settings, models, masses, round_index, int(config[protocol.SEED]),
+    result = client_round(clients, state, settings, got.models, masses, round_index, int(config[protocol.SEED]),
                           num_rounds, received_view(config, settings.num_clusters))
     save_agent_state(context, run_key, result.state, round_index, client_id, directory)
     decision = result.decision
-    trained = protocol.unflatten_arrays(result.trained_models[0], template)
+    trained = protocol.unflatten_arrays(result.trained_models[0], got.template)
     return reply(message, {
         protocol.CLUSTER: int(decision.routes[0]),
         protocol.NUM_EXAMPLES: num_examples_metric(clients.num_examples[0]),
@@ -130,21 +168,52 @@ def routing_reply(message: Message, context: Context, config: dict[str, Any], se
     }, array_record(trained), getattr(clients, "train_metrics", None))
 
 
-def fedcam_reply(message: Message, config: dict[str, Any], clients: ClientBatch, models: np.ndarray,
-                 template: dict[str, np.ndarray], global_model: np.ndarray) -> Message:
-    """FedCAM: assignment by the combined predictor, local update of both parts, both returned."""
-    result = fedcam_client_round(clients, global_model, models, int(config[protocol.ROUND_INDEX]))
+def fedcam_reply(message: Message, context: Context, got: Received) -> Message:
+    """FedCAM: assignment by the combined predictor, local update of both parts, both returned
+    (no controller state; :mod:`fedroute.core.fedcam`)."""
+    clients = got.clients
+    result = fedcam_client_round(clients, got.global_model, got.models, int(got.config[protocol.ROUND_INDEX]))
     cluster = int(result.routes[0])
     answer = reply(message, {
         protocol.CLUSTER: cluster,
         protocol.NUM_EXAMPLES: num_examples_metric(clients.num_examples[0]),
         protocol.CLIENT_ID: int(clients.client_ids[0]),
         protocol.LOSSES: [float(v) for v in result.losses[0]],
-        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(models.shape[0])],
-    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], template)),
+        protocol.ROUTE_DISTRIBUTION: [float(k == cluster) for k in range(got.models.shape[0])],
+    }, array_record(protocol.unflatten_arrays(result.cluster_models[0], got.template)),
         getattr(clients, "train_metrics", None))
-    answer.content[protocol.GLOBAL_MODEL] = array_record(protocol.unflatten_arrays(result.global_models[0], template))
+    answer.content[protocol.GLOBAL_MODEL] = array_record(
+        protocol.unflatten_arrays(result.global_models[0], got.template))
     return answer
+
+
+@dataclass(frozen=True)
+class AlgorithmHandling:
+    """How a client handles the messages of one server algorithm."""
+
+    train: Callable[[Message, Context, Received], Message]
+    """The reply to a ``TRAIN`` message."""
+    global_part: bool
+    """Its messages carry FedCAM's global part: losses are of the combined predictors."""
+
+
+ALGORITHM_HANDLING: dict[str, AlgorithmHandling] = {
+    protocol.ALGORITHM_ROUTING: AlgorithmHandling(routing_reply, global_part=False),
+    protocol.ALGORITHM_FEDCAM: AlgorithmHandling(fedcam_reply, global_part=True),
+    ALGORITHM_LOCAL: AlgorithmHandling(routing_reply, global_part=False),
+}
+"""Per value of :data:`~fedroute.protocol.ALGORITHM` (every one of :data:`fedroute.core.methods.ALGORITHMS`):
+the one place the client dispatches.  Local training sends the routing messages (``K = 1``, each client's
+own model as ``cluster-0``; :mod:`fedroute.strategies.local`), so it is handled as routing."""
+
+
+def algorithm_handling(config: dict[str, Any]) -> AlgorithmHandling:
+    """The handling of the algorithm a message's config names (absent: routing)."""
+    name = config.get(protocol.ALGORITHM, protocol.ALGORITHM_ROUTING)
+    if name not in ALGORITHM_HANDLING:
+        raise ValueError(f"the message's '{protocol.ALGORITHM}' = {name!r} is invalid; allowed: one of "
+                         f"{tuple(ALGORITHM_HANDLING)}")
+    return ALGORITHM_HANDLING[name]
 
 
 def evaluation_losses(clients: ClientBatch, models: np.ndarray, global_model: Optional[np.ndarray],
@@ -154,3 +223,40 @@ def evaluation_losses(clients: ClientBatch, models: np.ndarray, global_model: Op
     if global_model is None:
         return clients.losses(models, split)
     return fedcam_losses(clients, global_model, models, split)
+
+
+# --------------------------------------------------------------------- handlers
+def handle_train(message: Message, context: Context, make_client: ClientFactory,
+                 check_layout: bool = False) -> Message:
+    """The reply to a ``TRAIN`` message: the round of the algorithm the message names."""
+    got = received(message, make_client, check_layout)
+    return got.handling.train(message, context, got)
+
+
+def handle_evaluate(message: Message, make_client: ClientFactory, check_layout: bool = False,
+                    test_split: bool = True) -> Message:
+    """The reply to an ``EVALUATE`` message: every model's loss on both splits (FedCAM: of the combined
+    predictors), the group and the task's or user's metrics.  ``test_split = False``: the client has no
+    held-out loss, so the test losses are the training losses (not computed twice)."""
+    got = received(message, make_client, check_layout)
+    clients, models, global_model = got.clients, got.models, got.global_model
+    train_losses = evaluation_losses(clients, models, global_model, "train")[0]
+    test_losses = evaluation_losses(clients, models, global_model, "test")[0] if test_split else train_losses
+    return evaluation_reply(message, int(clients.client_ids[0]), clients.num_examples[0], train_losses, test_losses,
+                            int(clients.groups[0]), evaluation_task_metrics(clients, models, global_model))
+
+
+def handle_query(message: Message, make_client: ClientFactory, check_layout: bool = False) -> Message:
+    """The reply to a ``QUERY`` message: the identification of partial participation (no models), or
+    synchronized entry's provisional report (the Greedy choice at ``W^0``; nothing trained, no state change)."""
+    if is_identification(message):
+        clients = make_client(message_config(message))
+        return identity_reply(message, int(clients.client_ids[0]), clients.num_examples[0])
+    got = received(message, make_client, check_layout, with_global_part=False)
+    clients = got.clients
+    return reply(message, {
+        protocol.CLUSTER: int(provisional_greedy_routes(clients, got.models, got.settings,
+                                                        int(got.config[protocol.SEED]))[0]),
+        protocol.NUM_EXAMPLES: num_examples_metric(clients.num_examples[0]),
+        protocol.CLIENT_ID: int(clients.client_ids[0]),
+    })

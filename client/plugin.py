@@ -21,57 +21,27 @@ Each call reads the ``K`` cluster models and the routing configuration from the
 message, evaluates ``loss_fn`` on every model, runs the client's controller
 step (EXP3 arm choice, route sample, hysteresis episodes, entry test), trains
 the routed model with ``train_fn``, keeps the controller state in
-``Context.state`` and builds the reply in the schema of :mod:`fedroute.protocol`
-(exactly what the built-in ClientApp :mod:`fedroute.client.app` sends).  The
-routing rules are those of :func:`fedroute.core.client_step.client_round`.
+``Context.state`` and builds the reply in the schema of :mod:`fedroute.protocol`.
+Each call only wraps the user's module and functions as a
+:class:`~fedroute.client.torch_adapter.TorchClient` and hands it to
+:mod:`fedroute.client.handlers`, which the built-in ClientApp
+(:mod:`fedroute.client.app`) hands its task's client to: the two send the same
+replies by construction (``num-examples`` by the rule of
+:func:`~fedroute.client.handlers.num_examples_metric`).  The routing rules are
+those of :func:`fedroute.core.client_step.client_round`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-import numpy as np
 import torch
 from flwr.app import Context, Message
 
-from fedroute import protocol
-from fedroute.client.handlers import evaluation_losses, evaluation_reply, evaluation_task_metrics, fedcam_reply, \
-    identity_reply, is_identification, num_examples_metric, reply, routing_reply
-from fedroute.core.client_step import provisional_greedy_routes
-from fedroute.core.settings import RoutingSettings
+from fedroute.client.handlers import handle_evaluate, handle_query, handle_train
 from fedroute.client.torch_adapter import LossFunction, MetricsFunction, TorchClient, TrainFunction
-from fedroute.strategies.records import decode_array
 
 __all__ = ["routing_train", "routing_evaluate", "routing_query"]
-
-
-# ----------------------------------------------------------------- received side
-def _config(message: Message) -> dict[str, Any]:
-    records = message.content.config_records
-    config = dict(records[protocol.CONFIG].items()) if protocol.CONFIG in records else {}
-    if protocol.RUN_KEY not in config:
-        raise ValueError(f"this {message.metadata.message_type!r} message (records {list(message.content)}) was not "
-                         "sent by fedroute's ClusteredRouting: its ConfigRecord 'config' has no routing keys. "
-                         "Use ClusteredRouting (or FedCAM) as the ServerApp's strategy")
-    return config
-
-
-def _settings(config: dict[str, Any]) -> RoutingSettings:
-    return RoutingSettings.from_dict(protocol.routing_settings_from_config(config))
-
-
-def _cluster_models(message: Message, num_clusters: int, client: TorchClient) -> tuple[np.ndarray, dict]:
-    """The ``K`` broadcast models as a (K, P) float64 array, and cluster 0's arrays (the reply template)."""
-    records = message.content.array_records
-    missing = [protocol.cluster_key(k) for k in range(num_clusters) if protocol.cluster_key(k) not in records]
-    if missing:
-        raise ValueError(f"the message lacks the cluster models {missing} (records: {list(message.content)})")
-    decoded = []
-    for k in range(num_clusters):
-        arrays = {name: decode_array(array) for name, array in records[protocol.cluster_key(k)].items()}
-        client.check_template(arrays)
-        decoded.append(arrays)
-    return protocol.stack_flat(decoded), decoded[0]
 
 
 def _client_id(context: Context, client_id: Optional[int]) -> int:
@@ -123,7 +93,8 @@ def routing_train(
         ``loss_fn(model) -> float``: mean loss on the client's training data.
         Called once per cluster model, in ``eval()`` mode under ``torch.no_grad()``.
     num_examples : int
-        Training examples (> 0), the aggregation weight.
+        Training examples (> 0), the aggregation weight (sent as an ``int`` when whole, else as the
+        ``float``: :func:`~fedroute.client.handlers.num_examples_metric`).
     client_id : int, optional
         Global client id (≥ 0): the coordinate of the client's random draws and
         the key of its replies.  Defaults to ``context.node_config["partition-id"]``.
@@ -151,31 +122,11 @@ def routing_train(
         If the message is not a ClusteredRouting message, its models do not fit
         ``model``'s ``state_dict``, or no client id is known.
     """
-    config = _config(message)
-    settings = _settings(config)
-    client = TorchClient(model, loss_fn, train_fn, num_examples=num_examples,
-                         client_id=_client_id(context, client_id), batched=batched)
-    models, template = _cluster_models(message, settings.num_clusters, client)
-    if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM:
-        return _train_fedcam(message, config, client, models, template)
-    return routing_reply(message, context, config, settings, client, models, template)
+    def make_client(config: dict) -> TorchClient:
+        return TorchClient(model, loss_fn, train_fn, num_examples=num_examples,
+                           client_id=_client_id(context, client_id), batched=batched)
 
-
-def _global_part(message: Message, client: TorchClient) -> np.ndarray:
-    """FedCAM's ``Θ_glob`` (the ``global-model`` record), checked against the module, as a flat vector."""
-    if protocol.GLOBAL_MODEL not in message.content.array_records:
-        raise ValueError(f"a FedCAM message needs the ArrayRecord '{protocol.GLOBAL_MODEL}'")
-    global_arrays = {name: decode_array(array)
-                     for name, array in message.content.array_records[protocol.GLOBAL_MODEL].items()}
-    client.check_template(global_arrays)
-    return protocol.flatten_arrays(global_arrays)
-
-
-def _train_fedcam(message: Message, config: dict[str, Any], client: TorchClient, models: np.ndarray,
-                  template: dict[str, np.ndarray]) -> Message:
-    """FedCAM on a user's module: the additive form (Greedy on ``Θ_glob + Θ_k``, the displacement split
-    between the parts; :mod:`fedroute.core.fedcam`)."""
-    return fedcam_reply(message, config, client, models, template, _global_part(message, client))
+    return handle_train(message, context, make_client, check_layout=True)
 
 
 def routing_evaluate(
@@ -233,18 +184,11 @@ def routing_evaluate(
     TypeError
         If ``metrics_fn`` returns anything but a dict of numbers with the same names for every model.
     """
-    config = _config(message)
-    settings = _settings(config)
-    client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id),
-                         group=group, test_loss_fn=test_loss_fn, metrics_fn=metrics_fn)
-    models, _ = _cluster_models(message, settings.num_clusters, client)
-    global_model = _global_part(message, client) if config.get(protocol.ALGORITHM) == protocol.ALGORITHM_FEDCAM \
-        else None
-    train_losses = evaluation_losses(client, models, global_model, "train")[0]
-    test_losses = evaluation_losses(client, models, global_model, "test")[0] if test_loss_fn is not None \
-        else train_losses
-    return evaluation_reply(message, int(client.client_ids[0]), client.num_examples[0], train_losses, test_losses,
-                            group, evaluation_task_metrics(client, models, global_model))
+    def make_client(config: dict) -> TorchClient:
+        return TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id),
+                           group=group, test_loss_fn=test_loss_fn, metrics_fn=metrics_fn)
+
+    return handle_evaluate(message, make_client, check_layout=True, test_split=test_loss_fn is not None)
 
 
 def routing_query(
@@ -276,14 +220,7 @@ def routing_query(
     flwr.app.Message
         MetricRecord ``metrics``: ``cluster`` (not in an identification), ``num-examples``, ``client-id``.
     """
-    if is_identification(message):
-        return identity_reply(message, _client_id(context, client_id), num_examples)
-    config = _config(message)
-    settings = _settings(config)
-    client = TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id))
-    models, _ = _cluster_models(message, settings.num_clusters, client)
-    return reply(message, {
-        protocol.CLUSTER: int(provisional_greedy_routes(client, models, settings, int(config[protocol.SEED]))[0]),
-        protocol.NUM_EXAMPLES: num_examples_metric(client.num_examples[0]),
-        protocol.CLIENT_ID: int(client.client_ids[0]),
-    })
+    def make_client(config: dict) -> TorchClient:
+        return TorchClient(model, loss_fn, num_examples=num_examples, client_id=_client_id(context, client_id))
+
+    return handle_query(message, make_client, check_layout=True)

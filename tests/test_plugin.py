@@ -221,6 +221,69 @@ def test_evaluate_and_query_replies() -> None:
     assert not list(grid.contexts[1000].state), "a provisional report changes no state"
 
 
+def _metrics_of_both_apps(message: Message, kind: str, task: LinearTask) -> tuple[dict, dict]:
+    """The ``metrics`` record of the plugin user's reply and of the built-in ClientApp's to one message."""
+    from fedroute.client import app as builtin
+
+    builtin_handler = {MessageType.QUERY: builtin.provisional, MessageType.EVALUATE: builtin.evaluate}[kind]
+    replies = []
+    for handler, run_config in ((linear_user_app(task)[kind], {}),
+                                (builtin_handler, {"task": "linear", "num-clients": task.num_clients, "seed": 4})):
+        context = Context(run_id=1, node_id=1000, node_config={"partition-id": 0, "num-partitions": 2},
+                          state=RecordDict(), run_config=run_config)
+        replies.append(dict(handler(message, context).content[protocol.METRICS].items()))
+    return replies[0], replies[1]
+
+
+def test_the_builtin_clientapp_and_the_plugin_send_the_same_replies() -> None:
+    """One message handling behind both (client/handlers.py): to the same QUERY (provisional and
+    identification) and EVALUATE messages, the same keys, value types and values (losses to 1e-12: torch
+    against the task's numpy), ``num-examples`` an int in every reply (the one rule, ``num_examples_metric``)."""
+    task = LinearTask(num_clients=2, seed=4)
+    strategy = ClusteredRouting(method_settings("sync-entry", preset="linear"), min_available_nodes=2, seed=3)
+    strategy.cluster_models = [{name: a.numpy() for name, a in r.items()} for r in linear_initial_models(task, 2)]
+    strategy._num_rounds = 3
+    grid = InProcessGrid({}, 2)
+    (evaluate, _) = strategy.configure_evaluate(3, pack_cluster_models(strategy.cluster_models), ConfigRecord(), grid)
+    (provisional, _) = strategy._messages([1000, 1001], MessageType.QUERY, {
+        protocol.PHASE: protocol.PHASE_PROVISIONAL, protocol.SERVER_ROUND: 0, protocol.ROUND_INDEX: 0})
+    identify = Message(content=RecordDict({protocol.CONFIG: ConfigRecord({
+        protocol.PHASE: protocol.PHASE_IDENTIFY, protocol.RUN_KEY: strategy.run_key})}),
+        message_type=MessageType.QUERY, dst_node_id=1000)
+    for message in (evaluate, provisional, identify):
+        user, builtin = _metrics_of_both_apps(message, message.metadata.message_type, task)
+        assert set(user) == set(builtin) and {type(v) for v in user.values()} >= {int}
+        for key, value in builtin.items():
+            assert type(user[key]) is type(value), key
+            np.testing.assert_allclose(user[key], value, rtol=1e-12, atol=0, err_msg=key)
+        assert builtin[protocol.NUM_EXAMPLES] == task.samples_per_client and builtin[protocol.CLIENT_ID] == 0
+
+
+def test_num_examples_is_an_int_when_whole_and_never_truncated() -> None:
+    from fedroute.client.handlers import num_examples_metric
+
+    assert type(num_examples_metric(np.int64(12))) is int and num_examples_metric(np.float64(12.0)) == 12
+    assert type(num_examples_metric(12.0)) is int
+    assert num_examples_metric(2.5) == 2.5 and type(num_examples_metric(2.5)) is float
+
+
+def test_an_unknown_algorithm_is_refused_naming_the_allowed_ones() -> None:
+    """The client dispatches by ``protocol.ALGORITHM`` in one table, keyed by the registry's algorithm values."""
+    from fedroute.client.handlers import ALGORITHM_HANDLING
+    from fedroute.core.methods import ALGORITHMS, REGISTRY
+
+    assert set(ALGORITHM_HANDLING) == set(ALGORITHMS) == {method.algorithm for method in REGISTRY.values()}
+    task = LinearTask(num_clients=2, seed=4)
+    strategy = ClusteredRouting(RoutingSettings(num_clusters=2), min_available_nodes=2,
+                                client_config={protocol.ALGORITHM: "no-such-algorithm"})
+    strategy.cluster_models = [{name: a.numpy() for name, a in r.items()} for r in linear_initial_models(task, 2)]
+    grid = InProcessGrid({}, 2)
+    (message, _) = strategy.configure_train(1, pack_cluster_models(strategy.cluster_models), ConfigRecord(), grid)
+    with pytest.raises(ValueError, match=r"'algorithm' = 'no-such-algorithm' is invalid; allowed: one of "
+                                         r"\('routing', 'fedcam', 'local'\)"):
+        linear_user_app(task)[MessageType.TRAIN](message, grid.contexts[1000])
+
+
 def test_routing_train_explains_what_is_wrong() -> None:
     task = LinearTask(num_clients=2, seed=4)
     strategy = ClusteredRouting(RoutingSettings(num_clusters=2), min_available_nodes=2)
