@@ -440,7 +440,7 @@ class CharactersClients:
         out = np.empty((n, num_clusters))
         with torch.no_grad():
             for k in range(num_clusters):
-                w1, b1, w2, b2 = _split(torch.from_numpy(np.ascontiguousarray(per_client[:, k])), inputs.shape[-1],
+                w1, b1, w2, b2 = _split(torch.from_numpy(np.array(per_client[:, k])), inputs.shape[-1],  # writable
                                         self.hidden_units, self.num_classes)
                 z1 = torch.baddbmm(b1[:, :, None], w1, x.transpose(1, 2))
                 z2 = torch.baddbmm(b2[:, :, None], w2, torch.relu_(z1))          # (n, C, S)
