@@ -29,6 +29,8 @@ import torch
 from numpy.typing import NDArray
 from torch.nn import functional as F
 
+from fedroute.core.validation import invalid
+
 __all__ = ["DataLoss", "stacked_state", "stacked_outputs", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
 
 logger = logging.getLogger("fedroute")
@@ -95,9 +97,9 @@ class DataLoss:
         if len(inputs) != len(targets) or len(inputs) == 0:
             raise ValueError(f"DataLoss needs as many targets as inputs (> 0), got {len(inputs)} and {len(targets)}")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
-            raise ValueError(f"batch_size = {batch_size!r} is invalid; allowed: an integer ≥ 1")
+            raise invalid("batch_size", batch_size, "an integer ≥ 1")
         if channels_last not in (True, False, "auto"):
-            raise ValueError(f"channels_last = {channels_last!r} is invalid; allowed: True, False or 'auto'")
+            raise invalid("channels_last", channels_last, "True, False or 'auto'")
         self.inputs = inputs if device is None else inputs.to(device)
         self.targets = targets if device is None else targets.to(device)
         self.criterion, self.batch_size = criterion, int(batch_size)

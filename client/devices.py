@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from fedroute.core.validation import invalid
+
 __all__ = ["DEVICE_CHOICES", "check_device_name", "resolve_device"]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N")
@@ -38,8 +40,8 @@ def check_device_name(name: Any) -> str:
     text = str(name).strip().lower()
     if text in ("auto", "cpu") or _CUDA.match(text):
         return text
-    raise ValueError(f"run-config 'client-device' = {name!r} is invalid; allowed: 'auto', 'cpu', 'cuda' or 'cuda:N' "
-                     "(N = the GPU's index, e.g. 'cuda:0')")
+    raise invalid("run-config 'client-device'", name, "'auto', 'cpu', 'cuda' or 'cuda:N' (N = the GPU's index, e.g. "
+                  "'cuda:0')")
 
 
 def resolve_device(name: Any = "auto") -> Any:

@@ -40,6 +40,7 @@ from fedroute.client.received import cluster_models, global_part, is_identificat
     received_view, routing_config
 from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
+from fedroute.core.validation import invalid
 
 __all__ = ["handle_train", "handle_evaluate", "handle_query", "ClientFactory", "Received", "received",
            "AlgorithmHandling", "ALGORITHM_HANDLING", "algorithm_handling", "routing_reply", "fedcam_reply", "reply",
@@ -211,8 +212,7 @@ def algorithm_handling(config: dict[str, Any]) -> AlgorithmHandling:
     """The handling of the algorithm a message's config names (absent: routing)."""
     name = config.get(protocol.ALGORITHM, protocol.ALGORITHM_ROUTING)
     if name not in ALGORITHM_HANDLING:
-        raise ValueError(f"the message's '{protocol.ALGORITHM}' = {name!r} is invalid; allowed: one of "
-                         f"{tuple(ALGORITHM_HANDLING)}")
+        raise invalid(f"the message's '{protocol.ALGORITHM}'", name, f"one of {tuple(ALGORITHM_HANDLING)}")
     return ALGORITHM_HANDLING[name]
 
 

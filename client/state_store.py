@@ -34,6 +34,7 @@ from fedroute import protocol
 from fedroute.atomic_files import atomic_write
 from fedroute.core.agent import AgentState
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.validation import invalid
 
 __all__ = ["load_agent_state", "save_agent_state", "state_directory"]
 
@@ -55,7 +56,7 @@ def _rounds_in_context(context: Context, run_key: str) -> dict[int, str]:
 def _file(directory: Path, run_key: str, client_id: int) -> Path:
     protocol.check_path_name(run_key, "run key")
     if isinstance(client_id, bool) or not isinstance(client_id, (int, np.integer)) or client_id < 0:
-        raise ValueError(f"client id {client_id!r} is invalid; allowed: an integer ≥ 0")
+        raise invalid("client id", client_id, "an integer ≥ 0")
     return directory / run_key / f"client-{int(client_id)}.npz"
 
 

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from fedroute.core.validation import invalid
+
 __all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "cluster_models_to_torch",
            "module_arrays", "train_metrics_of", "layout_difference", "TRAIN_LOSS_METRIC", "MetricsFunction",
            "metrics_of"]
@@ -289,15 +291,15 @@ class TorchClient:
         metrics_fn: Optional[MetricsFunction] = None,
     ) -> None:
         if isinstance(num_examples, bool) or not float(num_examples) > 0:
-            raise ValueError(f"num_examples = {num_examples!r} is invalid; allowed: a number > 0")
+            raise invalid("num_examples", num_examples, "a number > 0")
         if int(client_id) != client_id or client_id < 0:
-            raise ValueError(f"client_id = {client_id!r} is invalid; allowed: an integer ≥ 0")
+            raise invalid("client_id", client_id, "an integer ≥ 0")
         self.model = model
         self.loss_fn = loss_fn
         self.train_fn = train_fn
         self.test_loss_fn = test_loss_fn
         if batched not in (True, False, "auto"):
-            raise ValueError(f"batched = {batched!r} is invalid; allowed: True, False or 'auto'")
+            raise invalid("batched", batched, "True, False or 'auto'")
         self.batched = batched
         self.metrics_fn = metrics_fn
         self.client_ids = np.array([int(client_id)], dtype=np.int64)
@@ -369,7 +371,7 @@ class TorchClient:
         ``split = "test"`` uses ``test_loss_fn`` (``loss_fn`` if none was given).
         """
         if split not in ("train", "test"):
-            raise ValueError(f"split = {split!r} is invalid; allowed: 'train', 'test'")
+            raise invalid("split", split, "'train', 'test'")
         models = np.asarray(cluster_models)
         if models.ndim == 3:
             if models.shape[0] != 1:

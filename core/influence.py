@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.aggregation import SERVER_UPDATES, hard_update_checked, ifca_gradient_step, routing_masses
+from fedroute.core.validation import invalid
 
 __all__ = ["InfluenceBounds", "AGGREGATION_RULES", "DEFAULT_MAX_WEIGHT_RATIO", "RoundAggregate",
            "capped_weights", "trim_mean", "clip_updates", "robust_update", "aggregate_round"]
@@ -88,19 +89,18 @@ class InfluenceBounds:
         ratio = self.max_weight_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or math.isnan(ratio) or \
                 not (ratio == math.inf or 1.0 <= ratio <= MAX_WEIGHT_RATIO_LIMIT):
-            raise ValueError(f"'max_weight_ratio' = {ratio!r} is invalid; allowed: a number in "
-                             f"[1, {MAX_WEIGHT_RATIO_LIMIT:g}] or inf (no cap)")
+            raise invalid("'max_weight_ratio'", ratio, f"a number in [1, {MAX_WEIGHT_RATIO_LIMIT:g}] or inf (no cap)")
         norm = self.max_update_norm
         if norm is not None and (isinstance(norm, bool) or not isinstance(norm, (int, float))
                                  or not 0.0 < norm < math.inf):
-            raise ValueError(f"'max_update_norm' = {norm!r} is invalid; allowed: a finite number > 0, or None")
+            raise invalid("'max_update_norm'", norm, "a finite number > 0, or None")
         if self.aggregation not in AGGREGATION_RULES:
-            raise ValueError(f"'aggregation' = {self.aggregation!r} is invalid; allowed: {AGGREGATION_RULES}")
+            raise invalid("'aggregation'", self.aggregation, str(AGGREGATION_RULES))
         beta = self.trim_fraction
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 0.5:
-            raise ValueError(f"'trim_fraction' = {beta!r} is invalid; allowed: a number in [0, 0.5)")
+            raise invalid("'trim_fraction'", beta, "a number in [0, 0.5)")
         if self.server_update not in SERVER_UPDATES:
-            raise ValueError(f"'server_update' = {self.server_update!r} is invalid; allowed: {SERVER_UPDATES}")
+            raise invalid("'server_update'", self.server_update, str(SERVER_UPDATES))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (``inf`` as the string ``"inf"``)."""
@@ -120,7 +120,7 @@ def trim_mean(array: NDArray[np.floating], cut_fraction: float) -> NDArray[np.fl
     ``tests/test_identity_and_influence.py`` checks that both give the same values.
     """
     if not 0.0 <= cut_fraction < 0.5:
-        raise ValueError(f"trim_fraction = {cut_fraction!r} is invalid; allowed: a number in [0, 0.5)")
+        raise invalid("trim_fraction", cut_fraction, "a number in [0, 0.5)")
     count = array.shape[0]
     lower = int(cut_fraction * count)
     upper = count - lower
@@ -184,7 +184,7 @@ def robust_update(cluster_models: NDArray[np.floating], client_models: NDArray[n
     a cluster nobody routed to is kept, and so is one whose aggregate is not finite.
     """
     if rule not in ("median", "trimmed-mean"):
-        raise ValueError(f"rule = {rule!r} is invalid; allowed: 'median', 'trimmed-mean'")
+        raise invalid("rule", rule, "'median', 'trimmed-mean'")
     updated = np.array(cluster_models, copy=True)
     non_finite = np.zeros(updated.shape[0], dtype=bool)
     models = np.asarray(client_models, dtype=np.float64)

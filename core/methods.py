@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.validation import invalid
 
 __all__ = ["METHODS", "REFERENCE_METHODS", "ALL_METHODS", "PRESETS", "PRESET_CONTROLLERS", "GENERIC_DEFAULTS", "method_settings",
            "Method", "REGISTRY", "method_spec", "ALGORITHMS", "ALGORITHM_ROUTING", "ALGORITHM_FEDCAM",
@@ -124,7 +125,7 @@ def method_spec(name: str) -> Method:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"method = {name!r} is invalid; allowed: one of {ALL_METHODS}") from None
+        raise invalid("method", name, f"one of {ALL_METHODS}") from None
 
 
 PRESET_CONTROLLERS = {
@@ -200,8 +201,7 @@ def method_settings(method: str, *, num_clusters: Optional[int] = None,
     """
     spec = method_spec(method)
     if preset is not None and preset not in PRESETS:
-        raise ValueError(f"preset = {preset!r} is invalid; allowed: None (the generic default) or the name of a "
-                         f"paper task: one of {PRESETS}")
+        raise invalid("preset", preset, f"None (the generic default) or the name of a paper task: one of {PRESETS}")
     if spec.single_model:
         return RoutingSettings(num_clusters=1, controllers=("gr",))
     chosen = {key: value for key, value in overrides.items() if value is not None}

@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, uniform
+from fedroute.core.validation import invalid
 
 __all__ = ["Participation", "sample_size", "report_memory", "participating", "MISSED_ROUND_PROBABILITY"]
 
@@ -50,7 +51,7 @@ def report_memory(fraction: float) -> int:
     :data:`MISSED_ROUND_PROBABILITY`.
     """
     if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction = {fraction!r} is invalid; allowed: (0, 1]")
+        raise invalid("fraction", fraction, "(0, 1]")
     if fraction >= 1.0:
         return 1
     return max(1, math.ceil(math.log(MISSED_ROUND_PROBABILITY) / math.log1p(-fraction) - 1e-12))
@@ -78,14 +79,14 @@ class Participation:
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
                 or not 0.0 < float(self.fraction) <= 1.0:
-            raise ValueError(f"fraction_train = {self.fraction!r} is invalid; allowed: a number in (0, 1] "
-                             "(the share of the available clients sampled per round)")
+            raise invalid("fraction_train", self.fraction,
+                          "a number in (0, 1] (the share of the available clients sampled per round)")
         if isinstance(self.min_clients, bool) or int(self.min_clients) != self.min_clients or self.min_clients < 1:
-            raise ValueError(f"min_train_nodes = {self.min_clients!r} is invalid; allowed: an integer ≥ 1")
+            raise invalid("min_train_nodes", self.min_clients, "an integer ≥ 1")
         if self.memory is not None and (isinstance(self.memory, bool) or int(self.memory) != self.memory
                                         or self.memory < 1):
-            raise ValueError(f"report_memory = {self.memory!r} is invalid; allowed: an integer ≥ 1 (rounds a "
-                             "client's latest report counts), or None for the default")
+            raise invalid("report_memory", self.memory,
+                          "an integer ≥ 1 (rounds a client's latest report counts), or None for the default")
 
     @property
     def samples_everyone(self) -> bool:

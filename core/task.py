@@ -13,6 +13,8 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from fedroute.core.validation import invalid
+
 __all__ = ["ClientBatch", "Task", "checked_client_ids", "validate_task_settings"]
 
 
@@ -86,7 +88,7 @@ def validate_task_settings(
         Returns ``(holds, key, value, allowed)`` tuples; called after the type checks.
     """
     def fail(key: str, value: Any, allowed: str) -> None:
-        raise ValueError(f"{label} task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        raise invalid(f"{label} task setting '{key}'", value, allowed)
 
     for name in integers:
         value = getattr(task, name)

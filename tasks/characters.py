@@ -159,7 +159,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
-from fedroute.core.task import checked_client_ids
+from fedroute.core.task import checked_client_ids, validate_task_settings
+from fedroute.core.validation import invalid
 
 __all__ = [
     "ALPHAS",
@@ -221,9 +222,9 @@ def _torch() -> Any:
             try:
                 count = int(requested)
             except ValueError:
-                raise ValueError(f"{_THREADS_ENV} = {requested!r} is invalid; allowed: an integer ≥ 1") from None
+                raise invalid(_THREADS_ENV, requested, "an integer ≥ 1") from None
             if count < 1:
-                raise ValueError(f"{_THREADS_ENV} = {requested!r} is invalid; allowed: an integer ≥ 1")
+                raise invalid(_THREADS_ENV, requested, "an integer ≥ 1")
             torch.set_num_threads(count)
         elif not any(os.environ.get(key) for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")):
             torch.set_num_threads(_DEFAULT_THREADS)
@@ -692,18 +693,7 @@ class TransformedCharactersTask:
     _NUMBERS = ("test_fraction", "learning_rate", "pretrain_learning_rate", "alpha")
 
     def __post_init__(self) -> None:
-        for key in self._INTEGERS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{self.name} task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        for key in self._NUMBERS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not np.isfinite(value):
-                raise ValueError(f"{self.name} task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: a finite number")
-        checks = [
+        validate_task_settings(self, self.name, integers=self._INTEGERS, numbers=self._NUMBERS, checks=lambda: [
             (self.num_clients >= 2 and self.num_clients % 2 == 0, "num-clients", self.num_clients,
              "an even integer ≥ 2"),
             (0 < self.test_fraction < 1, "test-fraction", self.test_fraction, "(0, 1)"),
@@ -715,10 +705,7 @@ class TransformedCharactersTask:
             (self.base_epochs >= 0, "base-epochs", self.base_epochs, "an integer ≥ 0"),
             (0 <= self.alpha <= 1, "alpha", self.alpha, "[0, 1]"),
             (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"{self.name} task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        ])
 
     # -- Task protocol ---------------------------------------------------------------------
     @property

@@ -53,6 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
+from fedroute.core.task import validate_task_settings
 from fedroute.tasks.characters import TransformedCharactersTask, rotate_classes
 
 __all__ = ["FEMNIST_DATASET", "FemnistTask", "load_writers"]
@@ -178,21 +179,14 @@ class FemnistTask(TransformedCharactersTask):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for key in ("first_writer", "num_classes", "image_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"femnist task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        checks = [
+        validate_task_settings(self, "femnist", integers=("first_writer", "num_classes", "image_size"), numbers=(),
+                               checks=lambda: [
             (self.first_writer >= 0, "first-writer", self.first_writer, "an integer ≥ 0"),
             (10 <= self.num_classes <= 62, "num-classes", self.num_classes,
              "an integer in [10, 62] (labels 6 and 9 must exist)"),
             (self.image_size >= 1, "image-size", self.image_size, "an integer ≥ 1"),
             (bool(self.dataset), "dataset", self.dataset, "a hub dataset id"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"femnist task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        ])
 
     @property
     def input_size(self) -> int:

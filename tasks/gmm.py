@@ -88,7 +88,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
-from fedroute.core.task import checked_client_ids
+from fedroute.core.task import checked_client_ids, validate_task_settings
 
 __all__ = ["ENTRANCES", "GMMTask", "GMMClients", "cross_entropy", "fit_logistic_regression", "fit_logistic_regressions",
            "group_oracle_fit"]
@@ -514,21 +514,11 @@ class GMMTask:
     name: str = "gmm"
 
     def __post_init__(self) -> None:
-        integers = ("num_clients", "num_groups", "num_classes", "dimension", "samples_per_client",
-                    "test_samples_per_client", "local_steps", "max_init_draws", "rounds", "seed")
-        for key in integers:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"gmm task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        for key in ("centre_norm", "noise_std", "teacher_scale", "label_temperature", "learning_rate",
-                    "init_radius", "init_jitter"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not np.isfinite(value):
-                raise ValueError(f"gmm task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: a finite number")
-        checks = [
+        validate_task_settings(self, "gmm", integers=(
+            "num_clients", "num_groups", "num_classes", "dimension", "samples_per_client", "test_samples_per_client",
+            "local_steps", "max_init_draws", "rounds", "seed"), numbers=(
+            "centre_norm", "noise_std", "teacher_scale", "label_temperature", "learning_rate", "init_radius",
+            "init_jitter"), checks=lambda: [
             (self.num_groups >= 1, "num-groups", self.num_groups, "an integer ≥ 1"),
             (self.num_clients >= self.num_groups, "num-clients", self.num_clients,
              f"an integer ≥ num-groups ({self.num_groups})"),
@@ -549,10 +539,7 @@ class GMMTask:
             (self.max_init_draws >= 1, "max-init-draws", self.max_init_draws, "an integer ≥ 1"),
             (self.rounds >= 1, "rounds", self.rounds, "an integer ≥ 1"),
             (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"gmm task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        ])
 
     # ------------------------------------------------------------------ #
     # Task constants

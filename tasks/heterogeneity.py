@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.task import checked_client_ids
+from fedroute.core.validation import invalid
 
 __all__ = ["Heterogeneity", "HeterogeneousTask"]
 
@@ -89,7 +90,7 @@ class Heterogeneity:
         ]
         for holds, name, value, allowed in checks:
             if not holds:
-                raise ValueError(f"heterogeneity setting '{name}' = {value!r} is invalid; allowed: {allowed}")
+                raise invalid(f"heterogeneity setting '{name}'", value, allowed)
 
 
 @dataclass(frozen=True, eq=False)

@@ -112,7 +112,8 @@ if TYPE_CHECKING:  # pandas is imported where a table is read: clients never nee
     import pandas as pd
 
 from fedroute.core.randomness import Purpose, generator
-from fedroute.core.task import checked_client_ids
+from fedroute.core.task import checked_client_ids, validate_task_settings
+from fedroute.core.validation import invalid
 from fedroute.tasks.entrance import ENTRANCES, conditioned_start
 
 __all__ = [
@@ -535,17 +536,9 @@ class HousingTask:
     name: str = "housing"
 
     def __post_init__(self) -> None:
-        for key in ("num_clients", "local_steps", "seed", "max_init_draws"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"housing task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        for key in ("test_fraction", "learning_rate", "init_radius", "init_jitter"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-                raise ValueError(f"housing task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: a number")
-        checks = [
+        validate_task_settings(
+            self, "housing", integers=("num_clients", "local_steps", "seed", "max_init_draws"),
+            numbers=("test_fraction", "learning_rate", "init_radius", "init_jitter"), checks=lambda: [
             (self.num_clients >= 4, "num-clients", self.num_clients, "an integer ≥ 4 (≥ 2 clients per group)"),
             (0 < self.test_fraction < 1, "test-fraction", self.test_fraction, "a number in (0, 1)"),
             (self.local_steps >= 1, "local-steps", self.local_steps, "an integer ≥ 1"),
@@ -555,19 +548,14 @@ class HousingTask:
             (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
             (self.entrance in ENTRANCES, "entrance", self.entrance, f"one of {ENTRANCES}"),
             (self.max_init_draws >= 1, "max-init-draws", self.max_init_draws, "an integer ≥ 1"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"housing task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        ])
         if self.data_file is not None:
             if not isinstance(self.data_file, (str, Path)):
-                raise ValueError(f"housing task setting 'data-file' = {self.data_file!r} is invalid; "
-                                 "allowed: a path")
+                raise invalid("housing task setting 'data-file'", self.data_file, "a path")
             object.__setattr__(self, "data_file", str(self.data_file) or None)
         if self.data_file is not None and not Path(self.data_file).expanduser().is_file():
-            raise ValueError(f"housing task setting 'data-file' = {self.data_file!r} is invalid; allowed: an "
-                             "existing csv, csv.gz or parquet file (relative paths are resolved against the "
-                             f"working directory {os.getcwd()!r})")
+            raise invalid("housing task setting 'data-file'", self.data_file, "an existing csv, csv.gz or parquet "
+                          f"file (relative paths are resolved against the working directory {os.getcwd()!r})")
 
     # -- processed data (read once per process and cached) -------------------------------------
     @property

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
-from fedroute.core.task import checked_client_ids
+from fedroute.core.task import checked_client_ids, validate_task_settings
 
 __all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES"]
 
@@ -136,12 +136,9 @@ class LinearTask:
     name: str = "linear"
 
     def __post_init__(self) -> None:
-        for key in ("num_clients", "dimension", "samples_per_client", "test_samples_per_client", "local_steps", "seed"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"linear task setting '{key.replace('_', '-')}' = {value!r} is invalid; "
-                                 "allowed: an integer")
-        checks = [
+        validate_task_settings(self, "linear", integers=(
+            "num_clients", "dimension", "samples_per_client", "test_samples_per_client", "local_steps", "seed"),
+            numbers=("group_distance", "noise_std", "learning_rate", "init_spread"), checks=lambda: [
             (self.num_clients >= 2, "num-clients", self.num_clients, "an integer ≥ 2"),
             (self.dimension >= 2, "dimension", self.dimension, "an integer ≥ 2"),
             (self.group_distance > 0, "group-distance", self.group_distance, "> 0"),
@@ -153,10 +150,7 @@ class LinearTask:
             (self.init in INIT_MODES, "init", self.init, f"one of {INIT_MODES}"),
             (self.init_spread >= 0, "init-spread", self.init_spread, "≥ 0"),
             (self.seed >= 0, "seed", self.seed, "an integer ≥ 0"),
-        ]
-        for holds, key, value, allowed in checks:
-            if not holds:
-                raise ValueError(f"linear task setting '{key}' = {value!r} is invalid; allowed: {allowed}")
+        ])
 
     @property
     def group_parameters(self) -> NDArray[np.float64]:
