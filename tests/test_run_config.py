@@ -161,6 +161,21 @@ def test_task_keys_are_its_fields_with_dashes_but_the_listed_exceptions(name: st
     assert all(key == field.replace("_", "-") and kind in (int, float, str) for key, (field, kind) in keys.items())
 
 
+@pytest.mark.parametrize("name", sorted(TASK_KEY_NAMES))
+def test_every_task_key_is_a_key_of_the_apps_config(defaults: dict, name: str) -> None:
+    """``flwr run --run-config`` overrides only keys the app declares: each task key is in ``[tool.flwr.app.config]``."""
+    from fedroute.tasks.registry import task_keys
+
+    assert sorted(set(task_keys(name)) - set(defaults)) == []
+
+
+def test_the_gmm_entrance_key_reaches_the_task(defaults: dict) -> None:
+    from fedroute.tasks.registry import task_from_config
+
+    assert task_from_config({**defaults, "task": "gmm"}).entrance == "collapsed"
+    assert task_from_config({**defaults, "task": "gmm", "entrance": "any"}).entrance == "any"
+
+
 def test_a_field_that_is_no_key_keeps_the_tasks_default() -> None:
     from fedroute.tasks.registry import task_from_config
 
