@@ -1,15 +1,15 @@
 """The Flower ``Strategy`` adapter of fedroute's server algorithms, over one :class:`~fedroute.strategies.state.RunState`.
 
 :class:`RoutingAdapter` implements Flower's Message-API hooks (``configure_train``, ``aggregate_train``,
-``configure_evaluate``, ``aggregate_evaluate``) and ``start``, the loop over Flower's grid: synchronized
-entry (docs/algorithm.md, rules §6) when enabled, the training rounds (checkpoint, telemetry and the
-dead-federation check after each), evaluations during training, the final controller-free evaluation.
-Each hook is short: the maths is in free functions (:mod:`~fedroute.strategies.algorithms`,
-:mod:`~fedroute.strategies.evaluation`, :mod:`~fedroute.strategies.history`,
-:mod:`~fedroute.strategies.nodes`, :mod:`~fedroute.strategies.replies`, :mod:`~fedroute.strategies.checkpoint`)
-and what differs between algorithms in the strategy's :class:`~fedroute.strategies.algorithms.Algorithm`.
-The constructor is the subclass's (:class:`~fedroute.strategies.clustered.ClusteredRouting`): it stores the
-parameters annotated below, the algorithm and a fresh state.
+``configure_evaluate``, ``aggregate_evaluate``) and ``start``, whose loop over Flower's grid
+(synchronized entry, the training rounds, evaluations, the final evaluation) is
+:func:`~fedroute.strategies.run_loop.run`.  Each hook is short: the maths is in free functions
+(:mod:`~fedroute.strategies.algorithms`, :mod:`~fedroute.strategies.evaluation`,
+:mod:`~fedroute.strategies.history`, :mod:`~fedroute.strategies.messages`, :mod:`~fedroute.strategies.nodes`,
+:mod:`~fedroute.strategies.replies`, :mod:`~fedroute.strategies.checkpoint`) and what differs between
+algorithms in the strategy's :class:`~fedroute.strategies.algorithms.Algorithm`.  The constructor is the
+subclass's (:class:`~fedroute.strategies.clustered.ClusteredRouting`): it stores the parameters annotated
+below, the algorithm and a fresh state.
 """
 
 from __future__ import annotations
@@ -20,53 +20,34 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from numpy.typing import NDArray
 
 from fedroute import protocol
 from fedroute.core.influence import InfluenceBounds
 from fedroute.core.participation import Participation, sample_size
 from fedroute.core.server_step import ServerState
 from fedroute.core.settings import RoutingSettings
-from fedroute.monitoring.alarms import Alarm, AlarmSettings, DeadFederation, evaluation_failure, log_events, query_failure
-from fedroute.monitoring.progress import ensure_console_handler
+from fedroute.monitoring.alarms import Alarm, AlarmSettings
 from fedroute.monitoring.recorder import RunRecorder
-from fedroute.strategies.algorithms import Algorithm, StepRules, provisional_masses
-from fedroute.strategies.checkpoint import CHECKPOINT_FILE, checkpoint_meta, load_checkpoint, restore_run, save_checkpoint
-from fedroute.strategies.evaluation import evaluation_aggregate, evaluation_record
+from fedroute.strategies.algorithms import Algorithm, StepRules
+from fedroute.strategies.checkpoint import (CHECKPOINT_FILE, checkpoint_meta, load_checkpoint, restore_run,
+                                            run_identity, save_checkpoint)
+from fedroute.strategies.evaluation import EvaluateFn, evaluation_aggregate, evaluation_record
 from fedroute.strategies.history import models_changed, record_round
+from fedroute.strategies.messages import common_config, masses_config, node_messages
 from fedroute.strategies.nodes import (connected_nodes, evaluation_nodes, identification_messages, sampled_nodes,
                                        unidentified_error)
-from fedroute.strategies.records import array_record, initial_models
 from fedroute.strategies.replies import accepted_replies
-from fedroute.strategies.results import MetricsAggregation, RejectedReply, cluster_metric_record
+from fedroute.strategies.results import MetricsAggregation, RejectedReply
+from fedroute.strategies.run_loop import run
 from fedroute.strategies.state import RunState, StateField
-from fedroute.strategies.validation import (TrainReply, validate_evaluate_reply, validate_identity_reply,
-                                            validate_provisional_reply)
+from fedroute.strategies.validation import TrainReply, validate_evaluate_reply, validate_identity_reply
 
 __all__ = ["RoutingAdapter", "EvaluateFn"]
 
 logger = logging.getLogger("fedroute")
-
-EvaluateFn = Callable[[int, ArrayRecord], Optional[MetricRecord]]
-"""Flower's server-side ``evaluate_fn(server_round, arrays) -> MetricRecord | None``."""
-
-
-def masses_config(masses: Optional[NDArray[np.float64]], server: ServerState, num_clusters: int) -> dict[str, Any]:
-    """The masses and, when the routing reads it, the server's health view (:mod:`fedroute.core.health`)."""
-    config: dict[str, Any] = {
-        protocol.HAS_MASSES: masses is not None,
-        protocol.MASSES: [float(m) for m in (masses if masses is not None else np.zeros(num_clusters))],
-    }
-    if (view := server.view) is not None:
-        config.update({protocol.EXPLORE: bool(view.explore[0]),
-                       protocol.MERGED_INTO: [int(k) for k in view.merged_into[0]],
-                       protocol.SPARE: [bool(flag) for flag in view.spare[0]]})
-    return config
-
 
 class RoutingAdapter(Strategy):
     """A Flower strategy running an :class:`~fedroute.strategies.algorithms.Algorithm` on a :class:`RunState`."""
@@ -121,6 +102,11 @@ class RoutingAdapter(Strategy):
     bindings = StateField[Any]("bindings", "Client id ↔ node id (:mod:`fedroute.strategies.identity`).")
     resumed_from_round = StateField[int]("resumed_from_round", "The checkpoint's round the run resumed from (0: none).")
     _num_rounds = StateField[int]("num_rounds", "``T`` (``start`` sets it; set it to call ``configure_train`` alone).")
+
+    @property
+    def reply_timeout(self) -> float:
+        """Seconds to wait for the replies of one exchange: ``start``'s ``timeout``, else ``round_timeout``."""
+        return self.state.reply_timeout or self.round_timeout
 
     @property
     def rejected(self) -> list[RejectedReply]:
@@ -259,98 +245,7 @@ class RoutingAdapter(Strategy):
             When no valid reply arrived for ``alarm_settings.dead_rounds`` rounds in a row, in any
             round of a shorter run, or in the final evaluation, or no valid report to synchronized entry.
         """
-        result, first_round = Result(), self._begin(grid, initial_arrays, num_rounds, timeout)
-        if first_round == 1:
-            self._evaluate_on_server(0, evaluate_fn, result)
-            if self.routing.synchronized_entry:
-                self._provisional_greedy(grid)
-            self.state.routing_masses = self.state.provisional_masses
-        for server_round in range(first_round, num_rounds + 1):
-            self._train_round(grid, server_round, train_config or ConfigRecord(), result)
-            self._evaluate_on_server(server_round, evaluate_fn, result)
-            if server_round < num_rounds:
-                self._evaluate_clients(server_round, grid, evaluate_config, result)
-        return self._finish(grid, num_rounds, evaluate_config, result)
-
-    def _begin(self, grid: Grid, initial_arrays: ArrayRecord | Sequence[ArrayRecord], num_rounds: int,
-               timeout: Optional[float]) -> int:
-        """Take the run's settings and initial models, resume a checkpoint; return the first round to run."""
-        self.algorithm.begin(self.state, self.routing)
-        if num_rounds < 1:
-            raise ValueError(f"num_rounds = {num_rounds} is invalid; allowed: an integer ≥ 1")
-        self.state.cluster_models = initial_models(initial_arrays, self.num_clusters)
-        self.round_timeout = timeout or self.round_timeout
-        self.state.num_rounds, self.state.grid = num_rounds, grid
-        ensure_console_handler(logger)
-        self.summary()
-        self.state.recorder = None
-        first_round = self._restore() + 1
-        self._recorder().start(first_round, self.state.history)
-        return first_round
-
-    def _train_round(self, grid: Grid, server_round: int, config: ConfigRecord, result: Result) -> None:
-        """One training round, its checkpoint and telemetry; a dead federation stops the run."""
-        messages = self.configure_train(server_round, self.state.packed_models(), config, grid)
-        _, metrics = self.aggregate_train(server_round, grid.send_and_receive(messages, timeout=self.round_timeout))
-        if metrics is not None:
-            result.train_metrics_clientapp[server_round] = metrics
-        self._save(server_round)
-        recorder = self._recorder()
-        recorder.commit()
-        if (dead := recorder.alarms.dead) is not None:
-            recorder.close()
-            raise DeadFederation(dead.message)
-
-    def _finish(self, grid: Grid, num_rounds: int, evaluate_config: Optional[ConfigRecord], result: Result) -> Result:
-        """The final evaluation; a run that never got an answer, or whose evaluation got none, stops."""
-        recorder = self._recorder()
-        if (silent := recorder.alarms.unanswered_run(num_rounds)) is not None:  # a run shorter than N
-            log_events(logger, self.label, [silent])
-            recorder.close()
-            raise DeadFederation(silent.message)
-        packed = self.state.packed_models()
-        evaluation = self._evaluate_clients(num_rounds, grid, evaluate_config, result)
-        self._recorder().close()
-        if evaluation and self.evaluate_at_end and not self.state.final_evaluation:
-            asked, reasons = len(list(evaluation)), self.state.rejections.reasons(num_rounds, "evaluate")
-            raise DeadFederation(evaluation_failure(asked, reasons))
-        result.arrays = packed
-        return result
-
-    def _provisional_greedy(self, grid: Grid) -> None:
-        """Synchronized entry, steps 1–2: Greedy reports at ``W^0`` → provisional masses."""
-        messages = self._messages(self._sample_nodes(grid, 0), MessageType.QUERY, {
-            protocol.PHASE: protocol.PHASE_PROVISIONAL, protocol.SERVER_ROUND: 0, protocol.ROUND_INDEX: 0,
-            protocol.NUM_ROUNDS: self.state.num_rounds})
-        reports = self._valid(grid.send_and_receive(messages, timeout=self.round_timeout),
-                              lambda content: validate_provisional_reply(content, self.num_clusters), 0, "provisional")
-        if not reports:
-            raise DeadFederation(query_failure(self.state.rejections.reasons(0, "provisional")))
-        self.state.provisional_masses = provisional_masses(reports, self.num_clusters, self.influence)
-        logger.info("synchronized entry: provisional masses %s", np.round(self.state.provisional_masses, 3).tolist())
-
-    def _evaluate_clients(self, server_round: int, grid: Grid, config: Optional[ConfigRecord],
-                          result: Result) -> list[Message]:
-        """The round's client evaluation, if it has one (:meth:`configure_evaluate`); return the messages sent."""
-        messages = list(self.configure_evaluate(server_round, self.state.packed_models(), config or ConfigRecord(),
-                                                grid))
-        if messages:
-            metrics = self.aggregate_evaluate(server_round, grid.send_and_receive(messages, timeout=self.round_timeout))
-            if metrics is not None:
-                result.evaluate_metrics_clientapp[server_round] = metrics
-        return messages
-
-    def _evaluate_on_server(self, server_round: int, evaluate_fn: Optional[EvaluateFn], result: Result) -> None:
-        """``evaluate_fn`` on each cluster model."""
-        if evaluate_fn is None:
-            return
-        records = {}
-        for cluster, model in enumerate(self.state.cluster_models):
-            if (record := evaluate_fn(server_round, array_record(model))) is not None:
-                records[cluster] = record
-        if records:
-            self.state.server_evaluation[server_round] = records
-            result.evaluate_metrics_serverapp[server_round] = cluster_metric_record(records)
+        return run(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
 
     # ------------------------------------------------------------- messages
     def _packed_models(self) -> ArrayRecord:
@@ -358,24 +253,15 @@ class RoutingAdapter(Strategy):
         return self.state.packed_models()
 
     def _common_config(self) -> dict[str, Any]:
-        """The ConfigRecord entries every message carries: extra client config, the algorithm's, the routing."""
-        return {**self.client_config, **self.algorithm.config, **protocol.routing_config(self.routing.to_dict()),
-                protocol.SEED: self.seed, protocol.RUN_KEY: self.run_key}
+        """:func:`~fedroute.strategies.messages.common_config` of this strategy."""
+        return common_config(self.client_config, self.algorithm.config, self.routing, self.seed, self.run_key)
 
     def _messages(self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]) -> list[Message]:
-        """One RecordDict per node holding the round's records (the algorithm's: the K models, any extra)
-        and one ConfigRecord, built once and shared by every message.
-
-        Sharing is safe: Flower delivers a copy of each message's content (the simulation pickles it to the
-        ClientApp's Ray actor, deployment serialises it to the SuperLink), and the strategy never changes a
-        record it sent (a new round builds new ones); ``tests/test_shared_records.py`` checks that one
-        ClientApp overwriting what it received changes nothing for the others.
-        """
-        records = self.algorithm.records(self.state, message_type)
-        config_record = ConfigRecord({**self._common_config(), **config})
-        return [Message(content=RecordDict({**self.algorithm.node_records(self.state, node_id, records),
-                                            protocol.CONFIG: config_record}),
-                        message_type=message_type, dst_node_id=node_id) for node_id in node_ids]
+        """One message per node with the algorithm's records and the common config plus ``config``
+        (:func:`~fedroute.strategies.messages.node_messages`: records built once, shared)."""
+        return node_messages(node_ids, message_type, self.algorithm.records(self.state, message_type),
+                             lambda node_id, records: self.algorithm.node_records(self.state, node_id, records),
+                             {**self._common_config(), **config})
 
     def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:
         """Wait for enough nodes, then sample the round's clients (:mod:`~fedroute.strategies.nodes`).
@@ -399,7 +285,7 @@ class RoutingAdapter(Strategy):
         """
         if unknown := [node for node in node_ids if node not in self.state.bindings.client_of_node]:
             messages = identification_messages(unknown, self._common_config(), server_round)
-            self._valid(grid.send_and_receive(messages, timeout=self.round_timeout), validate_identity_reply,
+            self._valid(grid.send_and_receive(messages, timeout=self.reply_timeout), validate_identity_reply,
                         server_round, protocol.PHASE_IDENTIFY)
         bound = self.state.bindings.client_of_node
         if not (identified := {node: bound[node] for node in node_ids if node in bound}):
@@ -439,13 +325,9 @@ class RoutingAdapter(Strategy):
 
     # ---------------------------------------------------------- checkpoints
     def _identity(self) -> dict[str, Any]:
-        """What a checkpoint must match to be resumed."""
-        return {"class": type(self).__name__, "routing": self.routing.to_dict(), "seed": self.seed,
-                "run_key": self.run_key, "influence": self.influence.to_dict(),
-                "participation": {"fraction": float(self.fraction_train), "min_clients": self.min_train_nodes,
-                                  "report_rounds": self.participation.report_rounds},
-                "template": {name: [list(value.shape), str(value.dtype)]
-                             for name, value in self.state.cluster_models[0].items()}}
+        """What a checkpoint must match to be resumed (:func:`~fedroute.strategies.checkpoint.run_identity`)."""
+        return run_identity(type(self).__name__, self.routing, self.seed, self.run_key, self.influence,
+                            self.participation, self.state.cluster_models[0])
 
     def _save(self, server_round: int) -> None:
         """Checkpoint the state after ``server_round`` (with a ``checkpoint_dir``)."""

@@ -1,7 +1,7 @@
 """Atomic checkpoints of a strategy: cluster models, masses, history and the round counter.
 
-:func:`save_checkpoint` / :func:`load_checkpoint` are the file format; :func:`checkpoint_meta` and
-:func:`restore_run` map a run's :class:`~fedroute.strategies.state.RunState` to and from it.
+:func:`save_checkpoint` / :func:`load_checkpoint` are the file format; :func:`run_identity` is what a
+resumed run must match; :func:`checkpoint_meta` and :func:`restore_run` map a run's :class:`~fedroute.strategies.state.RunState` to and from it.
 
 One ``checkpoint.npz`` per strategy, replaced atomically (temporary file +
 ``os.replace``) after every round: a crash leaves either the previous or the
@@ -28,11 +28,14 @@ from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.validation import printable
 
 if TYPE_CHECKING:
+    from fedroute.core.influence import InfluenceBounds
+    from fedroute.core.participation import Participation
+    from fedroute.core.settings import RoutingSettings
     from fedroute.strategies.algorithms import Algorithm
     from fedroute.strategies.state import RunState
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_arrays", "stored_masses", "CheckpointError", "CHECKPOINT_FILE",
-           "checkpoint_meta", "restore_run"]
+           "checkpoint_meta", "restore_run", "run_identity"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 
@@ -97,6 +100,17 @@ def stored_masses(values: Any, num_clusters: int) -> Optional[NDArray[np.float64
 
 def _listed(masses: Optional[NDArray[np.float64]]) -> Optional[list[float]]:
     return None if masses is None else masses.tolist()
+
+
+def run_identity(strategy_name: str, routing: "RoutingSettings", seed: int, run_key: str,
+                 influence: "InfluenceBounds", participation: "Participation",
+                 template: Mapping[str, NDArray]) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the strategy class, its settings, the models' layout."""
+    return {"class": strategy_name, "routing": routing.to_dict(), "seed": seed, "run_key": run_key,
+            "influence": influence.to_dict(),
+            "participation": {"fraction": float(participation.fraction), "min_clients": participation.min_clients,
+                              "report_rounds": participation.report_rounds},
+            "template": {name: [list(value.shape), str(value.dtype)] for name, value in template.items()}}
 
 
 def checkpoint_meta(identity: Mapping[str, Any], server_round: int, state: "RunState",

@@ -3,23 +3,33 @@
 The nodes report every model's training and test losses and metrics; each client is read at the
 model with its lowest training loss (:mod:`fedroute.core.evaluation`).  :func:`evaluation_aggregate`
 gives the aggregate (an ``evaluation.csv`` row), :func:`evaluation_record` the ``MetricRecord`` a Flower
-``Result`` keeps.
+``Result`` keeps; :func:`evaluate_on_server` runs a server-side ``evaluate_fn`` on each cluster model.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Result
 from numpy.typing import NDArray
 
 from fedroute import protocol
 from fedroute.core.evaluation import chosen_values, evaluation_metrics
-from fedroute.strategies.results import MetricsAggregation
+from fedroute.strategies.records import array_record
+from fedroute.strategies.results import MetricsAggregation, cluster_metric_record
 from fedroute.strategies.validation import EvaluateReply
 
-__all__ = ["evaluation_values", "client_records", "evaluation_aggregate", "evaluation_record", "check_evaluation"]
+if TYPE_CHECKING:
+    from fedroute.strategies.state import RunState
+
+__all__ = ["evaluation_values", "client_records", "evaluation_aggregate", "evaluation_record", "check_evaluation",
+           "EvaluateFn", "evaluate_on_server"]
+
+EvaluateFn = Callable[[int, ArrayRecord], Optional[MetricRecord]]
+"""Flower's server-side ``evaluate_fn(server_round, arrays) -> MetricRecord | None``."""
 
 
 def evaluation_values(replies: Sequence[EvaluateReply]) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
@@ -79,3 +89,17 @@ def check_evaluation(evaluate_every: Any, fraction_evaluate: Any, min_evaluate_n
         raise ValueError(f"fraction_evaluate = {fraction_evaluate!r} is invalid; allowed: a number in [0, 1]")
     if isinstance(min_evaluate_nodes, bool) or int(min_evaluate_nodes) != min_evaluate_nodes or min_evaluate_nodes < 0:
         raise ValueError(f"min_evaluate_nodes = {min_evaluate_nodes!r} is invalid; allowed: an integer ≥ 0")
+
+
+def evaluate_on_server(state: "RunState", server_round: int, evaluate_fn: Optional[EvaluateFn], result: Result) -> None:
+    """``evaluate_fn`` on each cluster model: kept per cluster in ``state.server_evaluation`` and, with keys
+    ``cluster-<k>/<name>``, in ``result.evaluate_metrics_serverapp``."""
+    if evaluate_fn is None:
+        return
+    records = {}
+    for cluster, model in enumerate(state.cluster_models):
+        if (record := evaluate_fn(server_round, array_record(model))) is not None:
+            records[cluster] = record
+    if records:
+        state.server_evaluation[server_round] = records
+        result.evaluate_metrics_serverapp[server_round] = cluster_metric_record(records)

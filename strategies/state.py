@@ -65,6 +65,8 @@ class RunState:
         """The grid of the run (set by ``start``, or by ``configure_*`` called directly): the identity check
         asks it which nodes are connected."""
         self.num_rounds = 0
+        self.reply_timeout: Optional[float] = None
+        """The run's reply timeout per exchange (``start``'s ``timeout``; ``None``: the strategy's ``round_timeout``)."""
         self.nodes_ready = False
         """``min_available_nodes`` were connected once (later rounds need ``min_train_nodes`` only)."""
         self.round_started: Optional[float] = None
