@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord
 from numpy.typing import NDArray
 
 from fedroute import protocol
+from fedroute.core.methods import LOCAL
 from fedroute.core.influence import RoundAggregate
 from fedroute.core.settings import RoutingSettings
 from fedroute.strategies.algorithms import StepRules, cluster_records, routing_step
@@ -95,7 +96,7 @@ class LocalTraining(ClusteredRouting):
             raise ValueError(f"LocalTraining routes every client to its own model: routing needs num_clusters = 1, "
                              f"controllers = ('gr',) and no synchronized entry, got num_clusters = "
                              f"{routing.num_clusters}, controllers = {routing.controllers}; pass "
-                             "method_settings('local')")
+                             f"method_settings({LOCAL!r})")
         if kwargs.get("checkpoint_dir"):
             raise ValueError("LocalTraining does not checkpoint its per-client models; pass checkpoint_dir=None")
         super().__init__(routing, **kwargs, algorithm=LocalAlgorithm())
