@@ -11,7 +11,9 @@ server's agree.
 
 With ``method = "all"`` it runs Greedy IFCA, EXP3, synchronized entry and the
 FedCAM baseline (named in the list, also the references ``fedavg``, ``K = 1``, and ``local``,
-:class:`~fedroute.strategies.local.LocalTraining`) in turn on the same nodes (each with its own client-state namespace), prints a
+:class:`~fedroute.strategies.local.LocalTraining`) in turn on the same nodes (each with its own client-state
+namespace; the strategy class is ``STRATEGIES[method_spec(method).algorithm]``, the loop over the methods
+:func:`~fedroute.core.method_loop.run_methods_in_turn`, shared with the simulator), prints a
 per-method table and writes ``<results-dir>/<run-id>/``: ``config.json`` and
 ``status.json`` at once, the telemetry tables and alarm events round by round,
 ``summary.json``, the final models and routes as soon as each method ends
@@ -32,6 +34,7 @@ import logging
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -44,6 +47,8 @@ import fedroute
 from fedroute import protocol
 from fedroute.atomic_files import atomic_write
 from fedroute.core.fedcam import initial_global_model, task_uses_output_sum
+from fedroute.core.method_loop import MethodPlan, run_methods_in_turn
+from fedroute.core.methods import method_spec
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.progress import ensure_console_handler
 from fedroute.server.federation import Federation, FederationError, discover_federation, starting_hint
@@ -52,10 +57,10 @@ from fedroute.server.results import summary_table, write_results, write_status
 from fedroute.server.run_config import RunSettings, explicit_num_clients, parse_run_config, results_directory
 from fedroute.tasks.registry import task_from_config
 from fedroute.simulation.summary import run_summary
-from fedroute.strategies.clustered import ClusteredRouting, evaluation_values
-from fedroute.strategies.fedcam import FedCAM
-from fedroute.strategies.local import LocalTraining
+from fedroute.strategies.clustered import ClusteredRouting
+from fedroute.strategies.evaluation import evaluation_values
 from fedroute.strategies.records import array_record
+from fedroute.strategies.registry import STRATEGIES
 
 __all__ = ["app", "make_strategy", "run_method", "federation_settings"]
 
@@ -64,20 +69,19 @@ app = ServerApp()
 
 
 def make_strategy(settings: RunSettings, method: str, directory: Path) -> ClusteredRouting:
-    """The strategy of one method, writing its telemetry (and TensorBoard files) into ``directory``."""
-    routing = settings.routing[method]
-    num_clients = settings.task.num_clients
-    fedcam: dict[str, Any] = {}
-    if method == "fedcam":  # Θ_glob^0: the task's zero-output start
+    """The strategy of one method (``STRATEGIES[method_spec(method).algorithm]``), writing its telemetry
+    (and TensorBoard files) into ``directory``."""
+    spec, routing, num_clients = method_spec(method), settings.routing[method], settings.task.num_clients
+    extra: dict[str, Any] = {}
+    if spec.zero_output_start:  # Θ_glob^0: the task's zero-output start
         initial = settings.task.initial_models(routing.num_clusters)
-        fedcam["initial_global_arrays"] = {"weights": initial_global_model(settings.task, initial)}
-    strategy_class = {"fedcam": FedCAM, "local": LocalTraining}.get(method, ClusteredRouting)
-    if method == "local" and settings.checkpoint_dir is not None:
-        logger.warning("method local keeps one model per client and does not checkpoint them: it restarts "
-                       "from round 1 if the run is resumed")
-    strategy = strategy_class(  # type: ignore[operator]
+        extra["initial_global_arrays"] = {"weights": initial_global_model(settings.task, initial)}
+    if not spec.shared_models and settings.checkpoint_dir is not None:
+        logger.warning("method %s keeps one model per client and does not checkpoint them: it restarts "
+                       "from round 1 if the run is resumed", method)
+    strategy = STRATEGIES[spec.algorithm](
         routing,
-        **fedcam,
+        **extra,
         fraction_train=settings.fraction_train,
         min_train_nodes=min(settings.min_train_nodes, num_clients),
         report_memory=settings.report_memory,
@@ -87,7 +91,8 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
         client_config={protocol.TASK_NUM_CLIENTS: num_clients},
         seed=settings.seed,
         run_key=f"{method}-{settings.run_digest}",
-        checkpoint_dir=None if settings.checkpoint_dir is None or method == "local" else settings.checkpoint_dir / method,
+        checkpoint_dir=None if settings.checkpoint_dir is None or not spec.shared_models
+        else settings.checkpoint_dir / method,
         label=method,
         telemetry_dir=directory,
         tensorboard_dir=directory / "tensorboard" / method if settings.tensorboard else None,
@@ -104,11 +109,9 @@ def make_strategy(settings: RunSettings, method: str, directory: Path) -> Cluste
 
 
 def evaluated_models(strategy: ClusteredRouting, task: Any) -> list[dict[str, np.ndarray]]:
-    """The final models a run reports: the cluster models; under FedCAM the combined predictors
-    ``Θ_glob + Θ_k`` (additive form) or the cluster parts (output-sum form, written beside ``Θ_glob``)."""
-    if isinstance(strategy, FedCAM) and not task_uses_output_sum(task):
-        return strategy.combined_models()
-    return strategy.cluster_models
+    """The final models a run reports (the algorithm's: the cluster models; under FedCAM the combined
+    predictors ``Θ_glob + Θ_k`` in the additive form, the cluster parts in the output-sum form)."""
+    return strategy.algorithm.reported_models(strategy.state, task_uses_output_sum(task))
 
 
 def _keep_round_models(store: dict[int, list[np.ndarray]], strategy: ClusteredRouting,
@@ -152,7 +155,7 @@ def run_method(grid: Grid, settings: RunSettings, method: str, strategy: Cluster
         np.stack([reply.test_losses for reply in evaluation]),
         np.array([reply.group for reply in evaluation]),
         route_counts,
-        None if method == "local" else getattr(settings.task, "group_parameters", None),  # R_T: of shared models
+        getattr(settings.task, "group_parameters", None) if method_spec(method).shared_models else None,  # R_T
         metric_values={name: table for name, table in values.items() if name != "test_loss"},
     )
     summary["evaluation"] = "complete" if len(evaluation) >= settings.task.num_clients else "partial"
@@ -209,16 +212,15 @@ def federation_settings(grid: Grid, run_config: dict[str, Any]) -> tuple[RunSett
 
 def _record_method(method: str, strategy: ClusteredRouting, settings: RunSettings,
                    routes: list[dict[str, Any]], models: dict[str, np.ndarray]) -> None:
-    """Add one finished method's routes and final models to the run's tables."""
+    """Add one finished method's routes and final models (and the algorithm's further models: FedCAM's
+    ``Θ_glob`` in the output-sum form, Local's per-client models) to the run's tables."""
     routes.extend({"method": method, "round_index": t, "client_id": client, "cluster": cluster}
                   for t, assignment in strategy.client_routes.items() for client, cluster in assignment.items())
     for cluster, model in enumerate(evaluated_models(strategy, settings.task)):
         models[f"{method}/{protocol.cluster_key(cluster)}"] = protocol.flatten_arrays(model)
-    if isinstance(strategy, FedCAM) and task_uses_output_sum(settings.task):
-        models[f"{method}/{protocol.GLOBAL_MODEL}"] = protocol.flatten_arrays(strategy.global_model)
-    if isinstance(strategy, LocalTraining):
-        for client, model in strategy.client_models.items():
-            models[f"{method}/client-{client}"] = protocol.flatten_arrays(model)
+    output_sum = task_uses_output_sum(settings.task)
+    for name, model in strategy.algorithm.extra_models(strategy.state, output_sum).items():
+        models[f"{method}/{name}"] = protocol.flatten_arrays(model)
 
 
 def _save_round_models(directory: Path, method: str, kept: dict[int, list[np.ndarray]],
@@ -230,38 +232,43 @@ def _save_round_models(directory: Path, method: str, kept: dict[int, list[np.nda
 
 
 def run_methods(grid: Grid, settings: RunSettings, directory: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """Run every method in turn, writing the results directory as each one ends; return the summaries.
+    """Run every method in turn (:func:`~fedroute.core.method_loop.run_methods_in_turn`), writing the results
+    directory as each one ends; return the summaries.
 
     A method that raises is recorded (``summary.json``, ``status.json`` ``failed``) and the error re-raised."""
-    methods = list(settings.methods)
-    plan = {"methods": methods, "num_rounds": settings.num_rounds,
-            "num_clusters": {method: settings.routing[method].num_clusters for method in methods}}
-    summaries: dict[str, Any] = {}
+    plan = MethodPlan.of(settings)
     routes: list[dict[str, Any]] = []
     models: dict[str, np.ndarray] = {}
     per_round: dict[str, np.ndarray] = {}
-    write_results(directory, config, None, summaries, models)
-    for index, method in enumerate(methods, start=1):
-        write_status(directory, "running", **plan, current_method=method, completed=list(summaries))
-        logger.info("method %d/%d: %s, %d rounds", index, len(methods), method, settings.num_rounds)
-        strategy = make_strategy(settings, method, directory)
-        kept: Optional[dict[int, list[np.ndarray]]] = {} if settings.save_round_models else None
-        try:
-            summaries[method] = run_method(grid, settings, method, strategy, kept)
-        except Exception as error:
-            summaries[method] = {"error": f"{type(error).__name__}: {error}",
-                                 **(strategy.recorder.summary() if strategy.recorder is not None else {})}
-            write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
-            write_status(directory, "failed", **plan, current_method=method, completed=list(summaries)[:-1],
-                         error=summaries[method]["error"])
-            logger.error("run failed in method %s: %s: %s", method, type(error).__name__, error)
-            raise
-        _record_method(method, strategy, settings, routes, models)
+    strategies: dict[str, ClusteredRouting] = {}
+    kept: dict[str, dict[int, list[np.ndarray]]] = {}
+
+    def run(method: str) -> dict[str, Any]:
+        logger.info("method %d/%d: %s, %d rounds", plan.methods.index(method) + 1, len(plan.methods), method,
+                    settings.num_rounds)
+        strategies[method] = make_strategy(settings, method, directory)
+        kept[method] = {}
+        return run_method(grid, settings, method, strategies[method], kept[method] if settings.save_round_models
+                          else None)
+
+    def done(method: str, summaries: dict[str, Any]) -> None:
+        _record_method(method, strategies[method], settings, routes, models)
         write_results(directory, config, None, summaries, models, routes=pd.DataFrame(routes))
-        if kept is not None:
-            _save_round_models(directory, method, kept, per_round)
-    write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
-    return summaries
+        if settings.save_round_models:
+            _save_round_models(directory, method, kept[method], per_round)
+
+    def failed(method: str, error: Exception, summaries: dict[str, Any]) -> dict[str, Any]:
+        if method not in strategies:  # no strategy made (bad settings): nothing of the method to record
+            raise error
+        strategy = strategies[method]
+        summary = {"error": f"{type(error).__name__}: {error}",
+                   **(strategy.recorder.summary() if strategy.recorder is not None else {})}
+        write_results(directory, config, None, {**summaries, method: summary}, models, routes=pd.DataFrame(routes))
+        logger.error("run failed in method %s: %s: %s", method, type(error).__name__, error)
+        return summary
+
+    write_results(directory, config, None, {}, models)
+    return run_methods_in_turn(plan, run, done, partial(write_status, directory), failed)
 
 
 def _fail_early(directory: Path, run_config: dict[str, Any], error: Exception) -> None:

@@ -4,18 +4,22 @@
 as the ServerApp and writes the same run directory (``status.json``, the
 telemetry tables, ``alarms.jsonl``, ``summary.json``; TensorBoard files when
 enabled) through the same :class:`~fedroute.monitoring.recorder.RunRecorder`,
-so ``fedroute monitor`` reads both alike and a test compares them.
+so ``fedroute monitor`` reads both alike and a test compares them.  The loop over the methods is the
+ServerApp's (:func:`~fedroute.core.method_loop.run_methods_in_turn`).
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from fedroute.core.evaluation import evaluation_metrics, task_metrics
+from fedroute.core.method_loop import MethodPlan, run_methods_in_turn
+from fedroute.core.methods import ALGORITHM_FEDCAM, ALGORITHM_LOCAL, REGISTRY, method_spec
 from fedroute.core.participation import Participation
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.recorder import RunRecorder
@@ -44,15 +48,15 @@ def record_evaluations(recorder: RunRecorder, clients: Any, cluster_models: np.n
 
 def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder: RunRecorder) -> dict[str, Any]:
     """One method in the simulator, its rounds and evaluations during training recorded; its summary."""
-    task, routing = settings.task, settings.routing[method]
-    if method == "local":  # each client's own model: scored as a set of one model per client
+    task, routing, algorithm = settings.task, settings.routing[method], method_spec(method).algorithm
+    if algorithm == ALGORITHM_LOCAL:  # each client's own model: scored as a set of one model per client
         per_client = simulate_local(task, settings.num_rounds)[:, :, None, :]
         record_evaluations(recorder, clients, per_client, settings.evaluate_every)
         final = per_client[-1]
         return run_summary(final.mean(axis=0), clients.losses(final, "train"), clients.losses(final, "test"),
                            clients.groups, np.full((settings.num_rounds, 1), task.num_clients), None,
                            task_metrics(clients, final))
-    if method == "fedcam":
+    if algorithm == ALGORITHM_FEDCAM:
         batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
                                       on_round=recording(recorder))
         final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
@@ -68,7 +72,7 @@ def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder
                        getattr(task, "group_parameters", None), task_metrics(clients, final))
 
 
-FULL_PARTICIPATION_METHODS = ("fedcam", "local")
+FULL_PARTICIPATION_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.simulator_full_participation)
 """Methods whose simulator path has every client in every round."""
 
 
@@ -99,35 +103,39 @@ def simulate_run(settings: RunSettings, directory: Optional[Path] = None, progre
     dict
         Method → summary (as in ``summary.json``).
     """
-    task, methods = settings.task, list(settings.methods)
+    task = settings.task
     check_simulable(settings)
     clients = task.clients(np.arange(task.num_clients))
-    plan = {"methods": methods, "num_rounds": settings.num_rounds,
-            "num_clusters": {method: settings.routing[method].num_clusters for method in methods}}
-    summaries: dict[str, Any] = {}
-    for method in methods:
-        if directory is not None:
-            write_status(directory, "running", **plan, current_method=method, completed=list(summaries))
-        routing = settings.routing[method]
-        recorder = RunRecorder(
-            method, routing.num_clusters, routing.controllers, settings.num_rounds,
-            alarm_settings=settings.alarm_settings,
-            starvation_basin=task_starvation_basin(task, routing.num_clusters),
-            telemetry_dir=directory,
-            tensorboard_dir=directory / "tensorboard" / method if directory is not None and settings.tensorboard
-            else None,
-            progress_interval=settings.progress_interval if progress else None,
-            random_ties=routing.tie_breaking == "random",
-            table_width=max(other.num_clusters for other in settings.routing.values()))
+
+    def run(method: str) -> dict[str, Any]:
+        recorder = _recorder(settings, method, directory, progress)
         recorder.start()
         try:
-            summaries[method] = _simulated_method(settings, method, clients, recorder)
-            recorder.evaluation(settings.num_rounds, summaries[method]["evaluation_metrics"])
+            summary = _simulated_method(settings, method, clients, recorder)
+            recorder.evaluation(settings.num_rounds, summary["evaluation_metrics"])
         finally:
             recorder.close()
-        summaries[method].update(rounds=settings.num_rounds, **recorder.summary())
+        summary.update(rounds=settings.num_rounds, **recorder.summary())
+        return summary
+
+    def done(method: str, summaries: dict[str, Any]) -> None:
         if directory is not None:
             atomic_write_text(directory / "summary.json", json.dumps(summaries, indent=2))
-    if directory is not None:
-        write_status(directory, "finished", **plan, current_method=None, completed=list(summaries))
-    return summaries
+
+    return run_methods_in_turn(MethodPlan.of(settings), run, done,
+                               None if directory is None else partial(write_status, directory))
+
+
+def _recorder(settings: RunSettings, method: str, directory: Optional[Path], progress: bool) -> RunRecorder:
+    """The recorder of one simulated method, as the Flower strategy makes it."""
+    routing = settings.routing[method]
+    return RunRecorder(
+        method, routing.num_clusters, routing.controllers, settings.num_rounds,
+        alarm_settings=settings.alarm_settings,
+        starvation_basin=task_starvation_basin(settings.task, routing.num_clusters),
+        telemetry_dir=directory,
+        tensorboard_dir=directory / "tensorboard" / method if directory is not None and settings.tensorboard
+        else None,
+        progress_interval=settings.progress_interval if progress else None,
+        random_ties=routing.tie_breaking == "random",
+        table_width=max(other.num_clusters for other in settings.routing.values()))

@@ -1,5 +1,8 @@
 """Atomic checkpoints of a strategy: cluster models, masses, history and the round counter.
 
+:func:`save_checkpoint` / :func:`load_checkpoint` are the file format; :func:`run_identity` is what a
+resumed run must match; :func:`checkpoint_meta` and :func:`restore_run` map a run's :class:`~fedroute.strategies.state.RunState` to and from it.
+
 One ``checkpoint.npz`` per strategy, replaced atomically (temporary file +
 ``os.replace``) after every round: a crash leaves either the previous or the
 new checkpoint, never a torn one.  Arrays are stored by name; everything else
@@ -13,14 +16,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.atomic_files import atomic_write
+from fedroute.core.server_step import ServerState
+from fedroute.strategies.identity import ClientBindings
+from fedroute.strategies.rejections import RejectionLog
+from fedroute.strategies.validation import printable
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_arrays", "stored_masses", "CheckpointError", "CHECKPOINT_FILE"]
+if TYPE_CHECKING:
+    from fedroute.core.influence import InfluenceBounds
+    from fedroute.core.participation import Participation
+    from fedroute.core.settings import RoutingSettings
+    from fedroute.strategies.algorithms import Algorithm
+    from fedroute.strategies.state import RunState
+
+__all__ = ["save_checkpoint", "load_checkpoint", "check_arrays", "stored_masses", "CheckpointError", "CHECKPOINT_FILE",
+           "checkpoint_meta", "restore_run", "run_identity"]
 
 CHECKPOINT_FILE = "checkpoint.npz"
 
@@ -81,3 +96,72 @@ def stored_masses(values: Any, num_clusters: int) -> Optional[NDArray[np.float64
     if masses.shape != (num_clusters,) or not np.all(np.isfinite(masses)) or np.any(masses < 0):
         raise ValueError(f"masses of shape {masses.shape}; expected {num_clusters} finite numbers ≥ 0")
     return masses
+
+
+def _listed(masses: Optional[NDArray[np.float64]]) -> Optional[list[float]]:
+    return None if masses is None else masses.tolist()
+
+
+def run_identity(strategy_name: str, routing: "RoutingSettings", seed: int, run_key: str,
+                 influence: "InfluenceBounds", participation: "Participation",
+                 template: Mapping[str, NDArray]) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the strategy class, its settings, the models' layout."""
+    return {"class": strategy_name, "routing": routing.to_dict(), "seed": seed, "run_key": run_key,
+            "influence": influence.to_dict(),
+            "participation": {"fraction": float(participation.fraction), "min_clients": participation.min_clients,
+                              "report_rounds": participation.report_rounds},
+            "template": {name: [list(value.shape), str(value.dtype)] for name, value in template.items()}}
+
+
+def checkpoint_meta(identity: Mapping[str, Any], server_round: int, state: "RunState",
+                    alarms: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``meta`` entry of a run's checkpoint after ``server_round`` (``alarms``: the alarm state)."""
+    return {
+        "identity": dict(identity),
+        "server_round": server_round,
+        "routing_masses": _listed(state.routing_masses),
+        "provisional_masses": _listed(state.provisional_masses),
+        "preferred_masses": _listed(state.preferred_masses),
+        "server": state.server.to_json(),
+        "history": state.history,
+        "client_routes": {str(t): {str(c): r for c, r in routes.items()} for t, routes in state.client_routes.items()},
+        "rejected": state.rejections.to_json(),
+        "bindings": state.bindings.to_json(),
+        "alarms": dict(alarms),
+    }
+
+
+def restore_run(path: Path, stored: tuple[dict[str, NDArray], dict[str, Any]], identity: Mapping[str, Any],
+                state: "RunState", algorithm: "Algorithm", load_alarms: Callable[[Any], None]) -> int:
+    """Restore ``state`` from a loaded checkpoint made with the same ``identity``; return its round.
+
+    Raises
+    ------
+    CheckpointError
+        Other settings, or a malformed entry (the message names ``path``).
+    """
+    arrays, meta = stored
+    if meta.get("identity") != identity:
+        raise CheckpointError(f"the checkpoint {path} was made with other settings "
+                              f"({meta.get('identity')}); delete it or choose another checkpoint directory")
+    check_arrays(path, arrays, algorithm.checkpoint_arrays(state))
+    try:
+        algorithm.restore_arrays(state, arrays)
+        state.routing_masses = stored_masses(meta["routing_masses"], state.num_clusters)
+        state.provisional_masses = stored_masses(meta["provisional_masses"], state.num_clusters)
+        state.preferred_masses = stored_masses(meta["preferred_masses"], state.num_clusters)
+        state.server = ServerState.from_json(meta["server"])
+        state.history = list(meta["history"])
+        state.client_routes = {int(t): {int(c): int(r) for c, r in routes.items()}
+                               for t, routes in meta["client_routes"].items()}
+        state.rejections = RejectionLog.from_json(meta["rejected"])
+        state.bindings = ClientBindings.from_json(meta.get("bindings", []))
+        if "alarms" in meta:
+            load_alarms(meta["alarms"])
+        state.resumed_from_round = int(meta["server_round"])
+        if state.resumed_from_round < 1:
+            raise ValueError(f"server_round = {state.resumed_from_round} < 1")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"checkpoint {path} is malformed ({type(error).__name__}: "
+                              f"{printable(error)}); delete it or choose another checkpoint directory") from None
+    return state.resumed_from_round

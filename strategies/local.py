@@ -7,23 +7,79 @@ trained model is kept for it, never averaged with anyone's.  So a ClientApp writ
 (the built-in one, or a user's with :func:`fedroute.routing_train`) runs Local training unchanged, and
 its evaluation reads every client at its own model.  ``cluster_models[0]`` holds the mean of the local
 models (for the telemetry only); :attr:`client_models` the models themselves.
+
+:class:`LocalAlgorithm` is the server algorithm (an :class:`~fedroute.strategies.algorithms.Algorithm`);
+:class:`LocalTraining` is :class:`~fedroute.strategies.clustered.ClusteredRouting` constructed with it.
+The per-client models live in the run's state (``state.client_records``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord
 from numpy.typing import NDArray
 
 from fedroute import protocol
+from fedroute.core.methods import LOCAL
 from fedroute.core.influence import RoundAggregate
 from fedroute.core.settings import RoutingSettings
+from fedroute.strategies.algorithms import StepRules, cluster_records, routing_step
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.records import array_record, arrays_of
-from fedroute.strategies.validation import TrainReply
+from fedroute.strategies.state import Models, RunState
+from fedroute.strategies.validation import TrainReply, validate_train_reply
 
-__all__ = ["LocalTraining"]
+__all__ = ["LocalTraining", "LocalAlgorithm"]
+
+
+class LocalAlgorithm:
+    """Local training's server algorithm: each node gets its client's own model; a reply's model is kept for it."""
+
+    config: Mapping[str, Any] = {}
+
+    def begin(self, state: RunState, routing: RoutingSettings) -> None:
+        """Every client starts from the one initial model."""
+        state.client_records, state.initial_record = {}, None
+
+    def records(self, state: RunState, message_type: str) -> dict[str, ArrayRecord]:
+        """``cluster-0`` (replaced per node by :meth:`node_records`); the initial model is kept on first use."""
+        if state.initial_record is None:
+            state.initial_record = array_record(state.cluster_models[0])
+        return cluster_records(state)
+
+    def node_records(self, state: RunState, node_id: int, records: dict[str, ArrayRecord]) -> dict[str, ArrayRecord]:
+        """The records with the node's client's own model as ``cluster-0``."""
+        client = state.bindings.client_of_node.get(node_id)
+        return {**records, protocol.cluster_key(0): state.client_records.get(client, state.initial_record)}
+
+    def validate_train(self, state: RunState, content: Mapping[str, Any], routing: RoutingSettings) -> TrainReply:
+        """As the hard routing's (one model)."""
+        return validate_train_reply(content, state.num_clusters, state.cluster_models[0], routing.num_arms)
+
+    def server_step(self, state: RunState, round_index: int, valid: Sequence[TrainReply],
+                    rules: StepRules) -> RoundAggregate:
+        """Keep every kept reply's trained model for its client (``cluster-0``: their mean, for telemetry)."""
+        outcome = routing_step(state, round_index, valid, rules)
+        for reply, kept in zip(valid, outcome.kept):
+            if kept:
+                state.client_records[reply.client_id] = array_record(reply.model)
+        return outcome
+
+    def checkpoint_arrays(self, state: RunState) -> dict[str, NDArray]:
+        """Nothing: :class:`LocalTraining` refuses a ``checkpoint_dir``."""
+        return {}
+
+    def restore_arrays(self, state: RunState, arrays: Mapping[str, NDArray]) -> None:
+        """Nothing to restore."""
+
+    def reported_models(self, state: RunState, output_sum: bool) -> Models:
+        """``cluster-0``, the mean of the local models."""
+        return state.cluster_models
+
+    def extra_models(self, state: RunState, output_sum: bool) -> dict[str, dict[str, NDArray]]:
+        """Every client's own model, as ``client-<id>``."""
+        return {f"client-{client}": arrays_of(record) for client, record in sorted(state.client_records.items())}
 
 
 class LocalTraining(ClusteredRouting):
@@ -40,42 +96,12 @@ class LocalTraining(ClusteredRouting):
             raise ValueError(f"LocalTraining routes every client to its own model: routing needs num_clusters = 1, "
                              f"controllers = ('gr',) and no synchronized entry, got num_clusters = "
                              f"{routing.num_clusters}, controllers = {routing.controllers}; pass "
-                             "method_settings('local')")
+                             f"method_settings({LOCAL!r})")
         if kwargs.get("checkpoint_dir"):
             raise ValueError("LocalTraining does not checkpoint its per-client models; pass checkpoint_dir=None")
-        super().__init__(routing, **kwargs)
-        self._client_records: dict[int, ArrayRecord] = {}
-        self._initial: Optional[ArrayRecord] = None
+        super().__init__(routing, **kwargs, algorithm=LocalAlgorithm())
 
     @property
     def client_models(self) -> dict[int, dict[str, NDArray]]:
         """Client id → its own model (the clients that replied validly at least once)."""
-        return {client: arrays_of(record) for client, record in sorted(self._client_records.items())}
-
-    def start(self, grid: Any, initial_arrays: ArrayRecord | Sequence[ArrayRecord], *args: Any, **kwargs: Any):
-        """As :meth:`ClusteredRouting.start`; every client starts from the one initial model."""
-        self._client_records, self._initial = {}, None
-        return super().start(grid, initial_arrays, *args, **kwargs)
-
-    def _messages(self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]) -> list[Message]:
-        """The shared messages, each with its node's client's own model as ``cluster-0``."""
-        if self._initial is None:
-            self._initial = array_record(self.cluster_models[0])
-        messages = super()._messages(node_ids, message_type, config)
-        own = []
-        for message in messages:
-            node = message.metadata.dst_node_id
-            client = self.bindings.client_of_node.get(node)
-            records = dict(message.content.items())
-            records[protocol.cluster_key(0)] = self._client_records.get(client, self._initial)
-            own.append(Message(content=RecordDict(records), message_type=message_type, dst_node_id=node))
-        return own
-
-    def _server_step(self, round_index: int, valid: Sequence[TrainReply], template: Mapping[str, NDArray]
-                     ) -> RoundAggregate:
-        """Keep every valid reply's trained model for its client (``cluster-0``: their mean, for telemetry)."""
-        outcome = super()._server_step(round_index, valid, template)
-        for reply, kept in zip(valid, outcome.kept):
-            if kept:
-                self._client_records[reply.client_id] = array_record(reply.model)
-        return outcome
+        return {client: arrays_of(record) for client, record in sorted(self.state.client_records.items())}

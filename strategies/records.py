@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from fedroute import protocol
 
 __all__ = ["pack_cluster_models", "pack_cluster_records", "unpack_cluster_models", "arrays_of", "array_record",
-           "decode_array", "NPY_HEADER_LIMIT"]
+           "decode_array", "initial_models", "NPY_HEADER_LIMIT"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 NPY_HEADER_LIMIT = 4096
@@ -116,6 +116,15 @@ def unpack_cluster_models(packed: ArrayRecord, num_clusters: Optional[int] = Non
     if not models or any(not model for model in models):
         raise ValueError(f"packed record does not hold all {num_clusters} cluster models")
     return models
+
+
+def initial_models(initial_arrays: ArrayRecord | Sequence[ArrayRecord], num_clusters: int) -> list[dict[str, NDArray]]:
+    """The ``K`` initial models of ``Strategy.start``: one ArrayRecord each, or all packed in one."""
+    if isinstance(initial_arrays, ArrayRecord):
+        return unpack_cluster_models(initial_arrays, num_clusters)
+    if len(initial_arrays) != num_clusters:
+        raise ValueError(f"initial_arrays holds {len(initial_arrays)} models; num_clusters = {num_clusters}")
+    return [arrays_of(record) for record in initial_arrays]
 
 
 def _unpacked_key_error(key: str, num_clusters: Optional[int]) -> str:

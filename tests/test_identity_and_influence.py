@@ -266,7 +266,7 @@ def spoofing_rounds(draw: st.DrawFn) -> dict[str, Any]:
 @PROPERTIES
 def test_spoofed_replies_never_count(case: dict[str, Any]) -> None:
     made = _strategy(ClusteredRouting, 2)
-    made._grid = OnlineNodes({100, 101, 102, 103, 104, 200, 201, 202, 203})
+    made.state.grid = OnlineNodes({100, 101, 102, 103, 104, 200, 201, 202, 203})
     made.aggregate_train(1, [reply(100 + c, c, 0, 10, 1.0) for c in range(5)])
     for offset, entries in enumerate(case["later"]):
         server_round = 2 + offset

@@ -120,7 +120,7 @@ def test_a_non_finite_aggregate_is_never_committed() -> None:
 def test_a_node_cannot_reply_for_another_client() -> None:
     """Before: the spoofed reply arrived first, was averaged in, and the honest one was dropped (node −1)."""
     made = strategy()
-    made._grid = OnlineNodes({101, 102, 103, 999})
+    made.state.grid = OnlineNodes({101, 102, 103, 999})
     made.aggregate_train(1, [reply(101 + i, i, 0, 10, 1.0) for i in range(3)] + [reply(999, 9, 1, 10, 1.0)])
     spoofed = reply(999, 1, 0, 10, -1000.0, server_round=2)
     made.aggregate_train(2, [spoofed] + [reply(101 + i, i, 0, 10, 2.0, server_round=2) for i in range(3)])
@@ -133,7 +133,7 @@ def test_a_node_cannot_reply_for_another_client() -> None:
 def test_a_client_id_is_bound_by_its_first_reply_and_one_node_speaks_for_one_client(
         caplog: pytest.LogCaptureFixture) -> None:
     made = strategy()
-    made._grid = OnlineNodes({101, 102})
+    made.state.grid = OnlineNodes({101, 102})
     with caplog.at_level(logging.WARNING, logger="fedroute"):
         # Round 1: node 101 binds client 0; node 102's claim of the same id in the same round is refused.
         made.aggregate_train(1, [reply(101, 0, 0, 10, 1.0), reply(102, 0, 0, 10, 5.0)])
@@ -150,7 +150,7 @@ def test_a_restarted_node_takes_over_its_client_only_when_the_old_node_is_gone(
         caplog: pytest.LogCaptureFixture) -> None:
     made = strategy()
     online = OnlineNodes({101, 102})
-    made._grid = online
+    made.state.grid = online
     made.aggregate_train(1, [reply(101, 0, 0, 10, 1.0), reply(102, 1, 1, 10, 1.0)])
     online.node_ids.add(202)  # client 1's node restarted (new id) while Flower still lists the old one
     made.aggregate_train(2, [reply(202, 1, 1, 10, 3.0, server_round=2)])

@@ -33,13 +33,13 @@ def _strategy() -> ClusteredRouting:
 @pytest.mark.usefixtures("task_identity")
 def test_a_rounds_messages_share_the_model_and_config_records_built_once() -> None:
     strategy = _strategy()
-    messages = list(strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), _Nodes()))
+    messages = list(strategy.configure_train(1, strategy.state.packed_models(), ConfigRecord(), _Nodes()))
     assert len(messages) == NUM_NODES and len({id(message.content) for message in messages}) == NUM_NODES
     for key in ("cluster-0", "cluster-1", "config"):
         assert len({id(message.content[key]) for message in messages}) == 1, key
     # The packed record start() carries between rounds holds the same encoded arrays: nothing is unpacked
     # or encoded again for the next configure_train, and the next round's messages share them as well.
-    packed = strategy._packed_models()
+    packed = strategy.state.packed_models()
     assert packed["cluster-1/w"] is messages[0].content["cluster-1"]["w"]
     again = list(strategy.configure_train(2, packed, ConfigRecord(), _Nodes()))
     assert again[0].content["cluster-0"] is messages[0].content["cluster-0"]
@@ -49,14 +49,14 @@ def test_a_rounds_messages_share_the_model_and_config_records_built_once() -> No
 @pytest.mark.usefixtures("task_identity")
 def test_new_models_get_new_records_and_a_foreign_packed_record_is_unpacked() -> None:
     strategy = _strategy()
-    first = list(strategy.configure_train(1, strategy._packed_models(), ConfigRecord(), _Nodes()))[0]
+    first = list(strategy.configure_train(1, strategy.state.packed_models(), ConfigRecord(), _Nodes()))[0]
     replaced = [{"w": np.full(3, 7.0), "b": np.array([7.5])}, {"w": np.full(3, 8.0), "b": np.array([8.5])}]
     second = list(strategy.configure_train(2, pack_cluster_models(replaced), ConfigRecord(), _Nodes()))[0]
     np.testing.assert_array_equal(second.content["cluster-1"]["w"].numpy(), [8.0, 8.0, 8.0])
     np.testing.assert_array_equal(first.content["cluster-1"]["w"].numpy(), [1.0, 1.0, 1.0])  # the sent one kept
-    assert isinstance(strategy._packed_models(), ArrayRecord)
+    assert isinstance(strategy.state.packed_models(), ArrayRecord)
     strategy.cluster_models = [{"w": np.zeros(3), "b": np.zeros(1)}] * 2
-    third = list(strategy.configure_train(3, strategy._packed_models(), ConfigRecord(), _Nodes()))[0]
+    third = list(strategy.configure_train(3, strategy.state.packed_models(), ConfigRecord(), _Nodes()))[0]
     assert third.content["cluster-0"] is not second.content["cluster-0"]
     np.testing.assert_array_equal(third.content["cluster-0"]["w"].numpy(), np.zeros(3))
     assert array_record(replaced[0])["w"].numpy().tolist() == [7.0, 7.0, 7.0]
