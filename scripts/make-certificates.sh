@@ -38,4 +38,4 @@ if ! "$python" -c "import fedroute.server.certificates" >/dev/null 2>&1; then
     exit 1
 fi
 # A later --out given by the caller wins (argparse keeps the last value).
-exec "$python" -m fedroute.simulation.cli certificates --out "$repository/certificates" "$@"
+exec "$python" -m fedroute certificates --out "$repository/certificates" "$@"

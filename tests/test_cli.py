@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import fedroute
-from fedroute.simulation.cli import _run_config_items, build_parser
+from fedroute.cli import build_parser
+from fedroute.cli.run_config import run_config_items
 
 MARKUP = re.compile(r"``|:(mod|func|class|data|meth|attr):`")
 
@@ -43,7 +44,7 @@ def test_every_command_and_option_has_plain_help() -> None:
 
 
 def test_version_names_the_package_and_flower(repository: Path) -> None:
-    completed = subprocess.run([sys.executable, "-m", "fedroute.simulation.cli", "--version"], capture_output=True,
+    completed = subprocess.run([sys.executable, "-m", "fedroute", "--version"], capture_output=True,
                                text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
     with open(repository / "pyproject.toml", "rb") as stream:
@@ -54,16 +55,16 @@ def test_version_names_the_package_and_flower(repository: Path) -> None:
 
 
 def test_run_config_files_and_items_merge_in_order(repository: Path) -> None:
-    values = _run_config_items([str(repository / "conf" / "linear.toml"), "num-server-rounds=3", "seed=5"])
+    values = run_config_items([str(repository / "conf" / "linear.toml"), "num-server-rounds=3", "seed=5"])
     assert values["method"] == "greedy,exp3,fedcam" and values["init-spread"] == 32.0
     assert values["num-server-rounds"] == 3 and values["seed"] == 5  # the later items win
     with pytest.raises(ValueError, match="is not KEY=VALUE or a .toml file"):
-        _run_config_items(["conf/linear"])
+        run_config_items(["conf/linear"])
 
 
 def test_simulate_runs_a_conf_file_in_the_simulator(repository: Path, capsys: pytest.CaptureFixture) -> None:
     """The simulator's side of a conf file: `fedroute simulate --run-config conf/fig1.toml`."""
-    from fedroute.simulation.cli import main
+    from fedroute.cli import main
 
     assert main(["simulate", "--run-config", str(repository / "conf" / "fig1.toml"), "num-server-rounds=20",
                  "num-clients=4"]) == 0

@@ -16,7 +16,7 @@ from fedroute.monitoring.monitor import load_run, run_monitor
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.server.results import write_status
 from fedroute.server.run_config import parse_run_config
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 from fedroute.simulation.recorded import simulate_run
 from fedroute.simulation.simulator import recording, simulate
 from fedroute.core.methods import method_settings

@@ -11,7 +11,7 @@ import pytest
 from fedroute.core.methods import EXP3
 from fedroute.core.settings import EXPLORE_ON, EXP3_MODES, MASS_THRESHOLD_UNITS, TIE_BREAKING, RoutingSettings
 from fedroute.server.run_config import ROUTING_KEYS, parse_run_config
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 
 
 def test_defaults_parse_to_three_methods(defaults: dict) -> None:
