@@ -12,7 +12,7 @@ __all__ = ["add_certificates"]
 
 
 def _certificates(args: argparse.Namespace) -> int:
-    from fedroute.server.certificates import make_certificates
+    from fedroute.deployment.certificates import make_certificates
 
     try:
         files = make_certificates(args.out, days=args.days, sans=args.san, node_keys=args.node_keys,

@@ -13,7 +13,7 @@ __all__ = ["add_deploy"]
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from fedroute.server.deploy import LocalFederation
+    from fedroute.deployment.local import LocalFederation
     from fedroute.server.results import summary_table
 
     if (overrides := checked_overrides(args)) is None:

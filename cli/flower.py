@@ -34,7 +34,7 @@ def checked_num_gpus(value: float, gpu_count: Optional[Callable[[], int]] = None
 
 
 def _flower(args: argparse.Namespace) -> int:
-    from fedroute.server.launcher import run_flower_app
+    from fedroute.deployment.launcher import run_flower_app
 
     if (overrides := checked_overrides(args)) is None or not reachable_ray_address(args):
         return 2

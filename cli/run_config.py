@@ -16,7 +16,7 @@ DEFAULT_SUPERNODES = 80
 def run_config_items(items: list[str]) -> dict:
     """``KEY=VALUE`` items and run-config files (``conf/<experiment>.toml``) → run-config values, later items
     overriding earlier ones (``ValueError`` for an item that is neither)."""
-    from fedroute.server.launcher import load_run_config_file, parse_config_value
+    from fedroute.deployment.flwr_config import load_run_config_file, parse_config_value
 
     values = {}
     for item in items:
@@ -33,7 +33,7 @@ def run_config_items(items: list[str]) -> dict:
 def checked_overrides(args: argparse.Namespace) -> Optional[dict]:
     """The run-config overrides of ``flower`` / ``deploy local``, checked before anything starts (None: invalid,
     reported)."""
-    from fedroute.server.launcher import app_config_defaults, resolve_run_config
+    from fedroute.deployment.flwr_config import app_config_defaults, resolve_run_config
 
     try:
         overrides = run_config_items(args.run_config)
@@ -65,7 +65,7 @@ def failure(kind: str, result) -> int:
 
 def reachable_ray_address(args: argparse.Namespace) -> bool:
     """``--ray-address`` absent, or a Ray head listens there (else the reason is printed)."""
-    from fedroute.server.launcher import check_ray_address
+    from fedroute.deployment.launcher import check_ray_address
 
     try:
         if args.ray_address is not None:

@@ -29,7 +29,8 @@ from fedroute.data import grouped_partition, grouped_partitions, standins
 from fedroute.data.models import SmallCNN, SmallMLP, build_model
 from fedroute.data.sources import load_source
 from fedroute.data.transforms import apply_group_transform, label_permutation
-from fedroute.server.launcher import flwr_run_command, load_run_config_file, resolve_run_config
+from fedroute.deployment.flwr_config import load_run_config_file, resolve_run_config
+from fedroute.deployment.launcher import flwr_run_command
 from fedroute.server.run_config import parse_run_config
 from support.app_config import app_run_config
 from support.dataset_files import NUM_WRITERS, digit_images, write_csv, write_image_folder, write_parquet
@@ -235,7 +236,7 @@ def test_num_gpus_becomes_rays_client_resources_and_needs_a_gpu() -> None:
 
 def test_fedroute_flower_starts_one_supernode_per_client_and_passes_the_gpu_share(
         repository: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import fedroute.server.launcher as launcher
+    import fedroute.deployment.launcher as launcher
 
     seen: dict = {}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.app_config import app_components
 
-SUBPACKAGES = ("cli", "core", "client", "strategies", "server", "simulation", "simulation.experiments", "tasks", "monitoring")
+SUBPACKAGES = ("cli", "core", "client", "strategies", "server", "deployment", "simulation", "simulation.experiments", "tasks", "monitoring")
 
 
 def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path) -> None:
