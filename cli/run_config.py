@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
+
+from fedroute.core.validation import invalid
 
 __all__ = ["DEFAULT_SUPERNODES", "run_config_items", "checked_overrides", "reachable_ray_address", "failure"]
 
@@ -13,20 +17,40 @@ DEFAULT_SUPERNODES = 80
 """``fedroute flower``'s SuperNodes when neither ``--supernodes`` nor run-config ``num-clients`` says."""
 
 
+_QUOTED_KEY = re.compile(r"""(?:^|\s)([^\s=]+)=["']""")
+"""A key whose value is written in quotes (``name="x y"``): a string, as ``flwr run`` reads it."""
+
+
+def _tokens(item: str) -> list[str]:
+    """One ``--run-config`` argument split as a shell would (``"a=1 b=2"``: two items, ``name="x y"``: one)."""
+    try:
+        return shlex.split(item)
+    except ValueError as error:  # "No closing quotation"
+        raise invalid("--run-config item", item, "KEY=VALUE items separated by spaces, a quoted value closed by "
+                      f"its quote ({str(error).lower()})", "e.g. --run-config 'task=linear name=\"x y\"'") from None
+
+
 def run_config_items(items: list[str]) -> dict:
     """``KEY=VALUE`` items and run-config files (``conf/<experiment>.toml``) → run-config values, later items
-    overriding earlier ones (``ValueError`` for an item that is neither)."""
+    overriding earlier ones (``ValueError`` for an item that is neither).
+
+    Each argument is split with :func:`shlex.split`, as ``flwr run --run-config`` reads its text:
+    ``--run-config a=1 b=2``, ``--run-config "a=1 b=2"`` and ``--run-config 'name="x y"'`` all work; a quoted
+    value stays a string (``seed="5"``: ``"5"``), an unquoted one becomes an int, float or bool if it reads as one.
+    """
     from fedroute.deployment.flwr_config import load_run_config_file, parse_config_value
 
     values = {}
-    for item in items:
-        if "=" not in item and item.endswith(".toml"):
-            values.update(load_run_config_file(item))
-            continue
-        key, separator, value = item.partition("=")
-        if not separator or not key:
-            raise ValueError(f"--run-config item {item!r} is not KEY=VALUE or a .toml file")
-        values[key] = parse_config_value(value)
+    for argument in items:
+        quoted = set(_QUOTED_KEY.findall(argument))
+        for item in _tokens(argument):
+            if "=" not in item and item.endswith(".toml"):
+                values.update(load_run_config_file(item))
+                continue
+            key, separator, value = item.partition("=")
+            if not separator or not key:
+                raise ValueError(f"--run-config item {item!r} is not KEY=VALUE or a .toml file")
+            values[key] = value if key in quoted else parse_config_value(value)
     return values
 
 
