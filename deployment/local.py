@@ -20,8 +20,10 @@ gain and costs idle CPU, so Flower's default is kept.
 
 Example::
 
+    from fedroute.core.methods import EXP3
+
     with LocalFederation(".", num_supernodes=3, state_dir="state") as federation:
-        result = federation.run({"method": "exp3", "num-clients": 3, "num-server-rounds": 5,
+        result = federation.run({"method": EXP3, "num-clients": 3, "num-server-rounds": 5,
                                  "results-dir": "/abs/results"}, timeout=900)
 """
 
