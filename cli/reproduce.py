@@ -70,7 +70,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     if (jobs := _jobs(args, getattr(args, "config", None) or PAPER)) is None:
         return 2
     try:
-        configs = [experiment.configure(name, bool(args.quick), **experiment.arguments(args)) for experiment, name in jobs]
+        configs = [experiment.configure(name, bool(args.quick), **experiment.arguments(args))
+                   for experiment, name in jobs]
     except ValueError as error:
         print(f"fedroute reproduce {args.experiment}: {error}", file=sys.stderr)
         return 2

@@ -121,3 +121,12 @@ def test_simulate_takes_several_items_in_one_argument(capsys: pytest.CaptureFixt
     assert main(["simulate", "--method", "greedy", "--run-config", "num-server-rounds=6 num-clients=4"]) == 0
     summaries = __import__("json").loads(capsys.readouterr().out)
     assert list(summaries) == ["greedy"] and summaries["greedy"]["rounds"] == 6
+
+
+def test_simulate_offers_every_routing_method_and_all() -> None:
+    from fedroute.core.methods import METHODS
+    from fedroute.server.run_config import EVERY_METHOD
+
+    simulate = next(child for path, child in _parsers(build_parser()) if path == "fedroute simulate")
+    (method,) = [action for action in simulate._actions if action.dest == "method"]
+    assert method.default == EVERY_METHOD and tuple(method.choices) == (EVERY_METHOD, *METHODS)
