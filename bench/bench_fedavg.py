@@ -238,7 +238,7 @@ def build_app(directory: Path) -> Path:
 def run_configuration(app: Path, results: Path, strategy: str, num_clusters: int, num_clients: int,
                       fraction: float, rounds: int, timeout: float, local_epochs: int = 1) -> dict[str, Any]:
     """One ``flwr run``; returns the ServerApp's measurements."""
-    from fedroute.server.launcher import run_flower_app
+    from fedroute.deployment.launcher import run_flower_app
 
     path = results / f"{strategy}-k{num_clusters}-n{num_clients}-e{local_epochs}-{time.time_ns()}.json"
     load_average = os.getloadavg()[0]
@@ -392,7 +392,7 @@ def deployment_table(rows: list[dict[str, Any]], title: str) -> str:
 def run_deployment(app: Path, results: Path, num_supernodes: int, ks: list[int], rounds: int, warmup: int,
                    repeat: int, timeout: float) -> list[dict[str, Any]]:
     """FedAvg and ClusteredRouting (each ``K``) in turn on one native deployment of ``num_supernodes``."""
-    from fedroute.server.deploy import LocalFederation
+    from fedroute.deployment.local import LocalFederation
 
     configurations = [("fedavg", 1)] + [("routing", k) for k in ks]
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}

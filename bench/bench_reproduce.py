@@ -46,7 +46,7 @@ def _load() -> str:
 
 def timed_reproduce(experiment: str, out: Path, *extra: str) -> tuple[float, float]:
     """``(wall, cpu)`` seconds of ``fedroute reproduce <experiment> --out <out>`` in a fresh process."""
-    command = [sys.executable, "-m", "fedroute.simulation.cli", "reproduce", experiment, "--out", str(out), *extra]
+    command = [sys.executable, "-m", "fedroute", "reproduce", experiment, "--out", str(out), *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -32,10 +32,10 @@ for argument in "$@"; do
 done
 
 python="${PYTHON:-python3}"
-if ! "$python" -c "import fedroute.server.certificates" >/dev/null 2>&1; then
+if ! "$python" -c "import fedroute.deployment.certificates" >/dev/null 2>&1; then
     echo "make-certificates.sh: the fedroute package is not importable with $python;" \
          "activate its virtualenv (pip install -e .) or set PYTHON=/path/to/venv/bin/python" >&2
     exit 1
 fi
 # A later --out given by the caller wins (argparse keeps the last value).
-exec "$python" -m fedroute.simulation.cli certificates --out "$repository/certificates" "$@"
+exec "$python" -m fedroute certificates --out "$repository/certificates" "$@"

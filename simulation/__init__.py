@@ -1,1 +1,1 @@
-"""Batched simulator, experiment configs, metrics and the ``fedroute`` CLI."""
+"""Batched simulator, experiment configs and metrics (the ``fedroute`` CLI is :mod:`fedroute.cli`)."""

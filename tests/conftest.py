@@ -108,7 +108,7 @@ def no_fedroute_bin(tmp_path_factory) -> Path:
 def reproduced(tmp_path_factory):
     """``reproduced(name, *args)``: the output directory of ``fedroute reproduce NAME --quick *args``, run once per
     session in this process (housing reads the table shipped with the package, offline)."""
-    from fedroute.simulation.cli import main
+    from fedroute.cli import main
     from fedroute.tasks.housing import EMBEDDED_TABLE
 
     outputs: dict[tuple[str, ...], Path] = {}

@@ -201,7 +201,7 @@ def _error_reply(message):
 def test_a_flower_run_whose_clients_all_fail_exits_non_zero(test_app, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """``fedroute flower`` on an app whose ClientApp always raises: stopped after N rounds, exit 1, recorded."""
-    from fedroute.simulation.cli import main
+    from fedroute.cli import main
 
     app_dir = test_app("failing")
     results = tmp_path / "results"

@@ -27,8 +27,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from fedroute.server.certificates import make_certificates, make_node_key_pair
-from fedroute.simulation.cli import main
+from fedroute.cli import main
+from fedroute.deployment.certificates import make_certificates, make_node_key_pair
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SCRIPT = REPOSITORY / "scripts" / "make-certificates.sh"

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 from fedroute.simulation.experiments import EXPERIMENTS
 from fedroute.simulation.experiments.characters import (
     METHODS, CharactersExperimentConfig, horizon_check, make_characters_task, method_spec, reduce_characters)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import fedroute
-from fedroute.simulation.cli import _run_config_items, build_parser
+from fedroute.cli import build_parser
+from fedroute.cli.run_config import run_config_items
 
 MARKUP = re.compile(r"``|:(mod|func|class|data|meth|attr):`")
 
@@ -43,7 +44,7 @@ def test_every_command_and_option_has_plain_help() -> None:
 
 
 def test_version_names_the_package_and_flower(repository: Path) -> None:
-    completed = subprocess.run([sys.executable, "-m", "fedroute.simulation.cli", "--version"], capture_output=True,
+    completed = subprocess.run([sys.executable, "-m", "fedroute", "--version"], capture_output=True,
                                text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
     with open(repository / "pyproject.toml", "rb") as stream:
@@ -54,18 +55,78 @@ def test_version_names_the_package_and_flower(repository: Path) -> None:
 
 
 def test_run_config_files_and_items_merge_in_order(repository: Path) -> None:
-    values = _run_config_items([str(repository / "conf" / "linear.toml"), "num-server-rounds=3", "seed=5"])
+    values = run_config_items([str(repository / "conf" / "linear.toml"), "num-server-rounds=3", "seed=5"])
     assert values["method"] == "greedy,exp3,fedcam" and values["init-spread"] == 32.0
     assert values["num-server-rounds"] == 3 and values["seed"] == 5  # the later items win
     with pytest.raises(ValueError, match="is not KEY=VALUE or a .toml file"):
-        _run_config_items(["conf/linear"])
+        run_config_items(["conf/linear"])
 
 
 def test_simulate_runs_a_conf_file_in_the_simulator(repository: Path, capsys: pytest.CaptureFixture) -> None:
     """The simulator's side of a conf file: `fedroute simulate --run-config conf/fig1.toml`."""
-    from fedroute.simulation.cli import main
+    from fedroute.cli import main
 
     assert main(["simulate", "--run-config", str(repository / "conf" / "fig1.toml"), "num-server-rounds=20",
                  "num-clients=4"]) == 0
     summaries = __import__("json").loads(capsys.readouterr().out)
     assert list(summaries) == ["greedy"] and summaries["greedy"]["rounds_with_two_routed"] == 0
+
+
+@pytest.mark.parametrize("text", ["a=1 b=2", 'name="x y"', "name='x y' seed=\"5\" flag=true", "noise-std=0.5 k=-3",
+                                  "path='/tmp/it\"s' on=false"])
+def test_a_run_config_argument_splits_as_flwr_run_reads_it(text: str) -> None:
+    """Flower's own parser of ``flwr run --run-config TEXT`` is the reference (it needs strings quoted)."""
+    from flwr.common.config import parse_config_args
+
+    assert run_config_items([text]) == parse_config_args([text])
+
+
+def test_the_quoted_flower_form_is_several_items_and_a_quoted_value_one() -> None:
+    quoted = run_config_items(["task=digit-rotations method=greedy"])
+    assert quoted == run_config_items(["task=digit-rotations", "method=greedy"]) \
+        == {"task": "digit-rotations", "method": "greedy"}
+    assert run_config_items(['name="x y"', "seed=5"]) == {"name": "x y", "seed": 5}
+    assert run_config_items(["seed=\"5\" rounds=5"]) == {"seed": "5", "rounds": 5}  # quoted: a string, as in flwr
+    with pytest.raises(ValueError, match=r"--run-config item = 'name=\"x y' is invalid; .*no closing quotation"):
+        run_config_items(['name="x y'])
+    with pytest.raises(ValueError, match="'b' is not KEY=VALUE"):
+        run_config_items(["a=1 b"])
+
+
+def test_a_run_config_file_and_items_in_one_argument(repository: Path) -> None:
+    values = run_config_items([f"{repository / 'conf' / 'linear.toml'} num-server-rounds=3"])
+    assert values["method"] == "greedy,exp3,fedcam" and values["num-server-rounds"] == 3
+
+
+def test_fedroute_flower_takes_the_quoted_run_config(repository: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fedroute flower --run-config "task=... method=..."`` reaches ``flwr run`` as separate keys."""
+    import fedroute.deployment.launcher as launcher
+    from fedroute.cli import main
+
+    seen: dict = {}
+
+    def fake_run(app_dir, overrides, num_supernodes, **options):
+        seen.update(overrides)
+        return type("Run", (), {"completed": True})()
+
+    monkeypatch.setattr(launcher, "run_flower_app", fake_run)
+    assert main(["flower", "--app-dir", str(repository), "--run-config",
+                 "task=digit-rotations method=greedy num-clients=8"]) == 0
+    assert (seen["task"], seen["method"], seen["num-clients"]) == ("digit-rotations", "greedy", 8)
+
+
+def test_simulate_takes_several_items_in_one_argument(capsys: pytest.CaptureFixture) -> None:
+    from fedroute.cli import main
+
+    assert main(["simulate", "--method", "greedy", "--run-config", "num-server-rounds=6 num-clients=4"]) == 0
+    summaries = __import__("json").loads(capsys.readouterr().out)
+    assert list(summaries) == ["greedy"] and summaries["greedy"]["rounds"] == 6
+
+
+def test_simulate_offers_every_routing_method_and_all() -> None:
+    from fedroute.core.methods import METHODS
+    from fedroute.server.run_config import EVERY_METHOD
+
+    simulate = next(child for path, child in _parsers(build_parser()) if path == "fedroute simulate")
+    (method,) = [action for action in simulate._actions if action.dest == "method"]
+    assert method.default == EVERY_METHOD and tuple(method.choices) == (EVERY_METHOD, *METHODS)

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.server.launcher import load_run_config_file, resolve_run_config, run_flower_app
+from fedroute.deployment.flwr_config import load_run_config_file, resolve_run_config
+from fedroute.deployment.launcher import run_flower_app
 from fedroute.server.run_config import RunSettings, parse_run_config
 from fedroute.simulation.experiments import EXPERIMENTS, PAPER
 from fedroute.simulation.simulator import simulate

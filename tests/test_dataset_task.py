@@ -20,6 +20,8 @@ import pytest
 import torch
 from torch import nn
 
+from fedroute.cli import main as cli_main
+from fedroute.cli.flower import checked_num_gpus
 from fedroute.client.batched_losses import LOSS_ATOL, LOSS_RTOL, DataLoss
 from fedroute.client.devices import check_device_name, resolve_device
 from fedroute.client.torch_adapter import TorchClient
@@ -27,10 +29,9 @@ from fedroute.data import grouped_partition, grouped_partitions, standins
 from fedroute.data.models import SmallCNN, SmallMLP, build_model
 from fedroute.data.sources import load_source
 from fedroute.data.transforms import apply_group_transform, label_permutation
-from fedroute.server.launcher import flwr_run_command, load_run_config_file, resolve_run_config
+from fedroute.deployment.flwr_config import load_run_config_file, resolve_run_config
+from fedroute.deployment.launcher import flwr_run_command
 from fedroute.server.run_config import parse_run_config
-from fedroute.simulation.cli import checked_num_gpus
-from fedroute.simulation.cli import main as cli_main
 from support.app_config import app_run_config
 from support.dataset_files import NUM_WRITERS, digit_images, write_csv, write_image_folder, write_parquet
 from support.grid import SERVER_RUN_ID, builtin_grid, server_main
@@ -235,7 +236,7 @@ def test_num_gpus_becomes_rays_client_resources_and_needs_a_gpu() -> None:
 
 def test_fedroute_flower_starts_one_supernode_per_client_and_passes_the_gpu_share(
         repository: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import fedroute.server.launcher as launcher
+    import fedroute.deployment.launcher as launcher
 
     seen: dict = {}
 
@@ -355,7 +356,7 @@ def test_the_benchmark_configs_name_the_hub_data_and_run_on_the_offline_standin(
 @pytest.mark.process
 def test_the_issues_command_runs_in_flowers_simulation_and_reports_accuracy(files: dict[str, Path],
                                                                             tmp_path: Path, repository: Path) -> None:
-    command = [sys.executable, "-m", "fedroute.simulation.cli", "flower", "--app-dir", str(repository),
+    command = [sys.executable, "-m", "fedroute", "flower", "--app-dir", str(repository),
                "--results-dir", str(tmp_path), "--timeout", "600", "--run-config", "task=dataset",
                f"dataset={files['parquet']}", "partitioner=dirichlet", "dirichlet-alpha=0.5", "num-groups=4",
                "group-transform=rotate", "num-clusters=4", "num-clients=20", "num-server-rounds=10",

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.server.deploy import CONNECTION, LocalFederation
-from fedroute.server.launcher import run_flower_app
+from fedroute.deployment.launcher import run_flower_app
+from fedroute.deployment.local import CONNECTION, LocalFederation
 from support.deployment import CONFIG, NUM_NODES, home_processes, results_dir
 from support.fab import built_fab
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import fedroute
-from fedroute.server.launcher import run_flower_app
+from fedroute.deployment.launcher import run_flower_app
 
 NUM_CLIENTS, NUM_ROUNDS, NUM_CLUSTERS = 12, 3, 4
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation import cli
+from fedroute import cli
 from fedroute.simulation.experiments import (
     EXPERIMENTS, PAPER, characters, fig1, gmm, housing, linear, radius, scenarios)
 from fedroute.simulation.experiments.kit import (

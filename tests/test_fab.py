@@ -37,8 +37,8 @@ def fab(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_fab_holds_the_package_and_nothing_else(fab: Path, repository: Path) -> None:
     names = zipfile.ZipFile(fab).namelist()
     tops = {name.split("/")[0] for name in names}
-    assert tops == {".info", "pyproject.toml", "README.md", "LICENSE", "__init__.py", "atomic_files.py",
-                    "protocol.py", "fedroute_app.py", "app_identity.py", "core", "client", "strategies", "server",
+    assert tops == {".info", "pyproject.toml", "README.md", "LICENSE", "__init__.py", "__main__.py", "atomic_files.py",
+                    "protocol.py", "fedroute_app.py", "app_identity.py", "cli", "core", "client", "strategies", "server", "deployment",
                     "simulation", "tasks", "monitoring", "data"}, tops
     tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=repository, capture_output=True, text=True).stdout
     package = {name for name in tracked.split() if name.split("/")[0] in tops and "/test_" not in name}

@@ -1,7 +1,7 @@
 """Faults with real processes: SuperNodes lost mid-round, the server side killed mid-run and resumed.
 
 Real ``flower-superlink`` / ``flower-supernode`` processes on 127.0.0.1
-(:class:`~fedroute.server.deploy.LocalFederation`), 3 SuperNodes and 4–5 rounds:
+(:class:`~fedroute.deployment.local.LocalFederation`), 3 SuperNodes and 4–5 rounds:
 deployment rounds take 10–30 s on a loaded 2-core machine (a ClientApp process
 per message, Flower's 3 s polls), so the waits are generous.  The configuration
 is :mod:`support.deployment`'s: client 2 routes alone to cluster 1 in round
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.server.deploy import LocalFederation
+from fedroute.deployment.local import LocalFederation
 from support.app_config import app_run_config
 from support.deployment import (
     CONFIG,

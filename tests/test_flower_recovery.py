@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.server.launcher import run_flower_app
 from fedroute.core.metrics import recovery_error
+from fedroute.deployment.launcher import run_flower_app
 from fedroute.simulation.simulator import simulate
 from fedroute.simulation.summary import RECOVERY_THRESHOLD
 from support.app_config import app_settings

@@ -38,7 +38,7 @@ import pytest
 
 from fedroute.core.controllers import COMMITMENT, CONTROLLER_IDS, REVERSAL
 from fedroute.core.participation import Participation
-from fedroute.server.launcher import run_flower_app
+from fedroute.deployment.launcher import run_flower_app
 from fedroute.server.run_config import RunSettings
 from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import simulate

@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 from fedroute.simulation.experiments.housing import HousingExperimentConfig
 from fedroute.tasks.housing import DATA_FILE_ENV, EMBEDDED_TABLE, EMBEDDED_TABLE_SHA256
 

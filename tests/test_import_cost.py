@@ -26,3 +26,12 @@ def test_the_clientapp_imports_no_heavy_library_and_no_task_until_a_message_name
     assert "fedroute.tasks.linear" in linear
     assert not {f"fedroute.tasks.{task}" for task in TASK_MODULES if task != "linear"} & linear
     assert not {name for name in linear if name.split(".")[0] in HEAVY}
+
+
+def test_the_command_line_imports_neither_flower_nor_torch_nor_the_deployment_tooling_for_its_help() -> None:
+    """``fedroute --help`` (and building the parser every command starts from) stays light: each command
+    imports what it runs when it runs."""
+    loaded = _modules_after("from fedroute.cli import build_parser\nbuild_parser().format_help()")
+    assert "fedroute.cli.parser" in loaded
+    assert not {name for name in loaded if name.split(".")[0] in ("torch", "flwr", "ray", "cryptography", "grpc")}
+    assert not {name for name in loaded if name.startswith(("fedroute.deployment.", "fedroute.simulation.recorded"))}

@@ -16,7 +16,7 @@ from fedroute.monitoring.monitor import load_run, run_monitor
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.server.results import write_status
 from fedroute.server.run_config import parse_run_config
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 from fedroute.simulation.recorded import simulate_run
 from fedroute.simulation.simulator import recording, simulate
 from fedroute.core.methods import method_settings
@@ -140,7 +140,7 @@ def test_simulate_writes_a_run_directory_the_monitor_reads(tmp_path: Path, capsy
 def test_the_serverapp_turns_tensorboard_and_alarm_settings_on_from_the_run_config(repository: Path,
                                                                                   tmp_path: Path) -> None:
     from fedroute.server.app import make_strategy
-    from fedroute.server.launcher import resolve_run_config
+    from fedroute.deployment.flwr_config import resolve_run_config
 
     config = resolve_run_config(repository, {"tensorboard": True, "starvation-rounds": 7, "progress-interval": 0})
     settings = parse_run_config(config)

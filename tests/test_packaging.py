@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.app_config import app_components
 
-SUBPACKAGES = ("core", "client", "strategies", "server", "simulation", "simulation.experiments", "tasks", "monitoring")
+SUBPACKAGES = ("cli", "core", "client", "strategies", "server", "deployment", "simulation", "simulation.experiments", "tasks", "monitoring")
 
 
 def test_non_editable_install_exposes_fedroute(repository: Path, tmp_path: Path) -> None:
@@ -63,4 +63,4 @@ print("ok")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "ok"
     entry_points = next(target.glob("fedroute-*.dist-info")) / "entry_points.txt"
-    assert "fedroute = fedroute.simulation.cli:main" in entry_points.read_text()
+    assert "fedroute = fedroute.cli:main" in entry_points.read_text()

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import fedroute
-from fedroute.server.launcher import run_flower_app
+from fedroute.deployment.launcher import run_flower_app
 
 NUM_CLIENTS, NUM_GROUPS, NUM_ROUNDS = 15, 3, 40
 

@@ -11,8 +11,9 @@ import pytest
 
 from fedroute.monitoring.progress import RoundProgress, format_duration, progress_line
 from fedroute.monitoring.recorder import RunRecorder
-from fedroute.server.launcher import echo_line, resolve_run_config
-from fedroute.simulation.cli import main
+from fedroute.deployment.flwr_config import resolve_run_config
+from fedroute.deployment.launcher import echo_line
+from fedroute.cli import main
 from fedroute.simulation.simulator import recording, simulate
 from fedroute.core.methods import method_settings
 from fedroute.tasks.linear import LinearTask

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation.cli import main as fedroute_main
+from fedroute.cli import main as fedroute_main
 from fedroute.simulation.simulator import simulate
 from support.app_config import app_settings
 

@@ -11,7 +11,7 @@ import pytest
 from fedroute.core.methods import EXP3
 from fedroute.core.settings import EXPLORE_ON, EXP3_MODES, MASS_THRESHOLD_UNITS, TIE_BREAKING, RoutingSettings
 from fedroute.server.run_config import ROUTING_KEYS, parse_run_config
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 
 
 def test_defaults_parse_to_three_methods(defaults: dict) -> None:
@@ -74,7 +74,7 @@ def test_simulate_command_reports_collapse_and_recovery(capsys: pytest.CaptureFi
 
 
 def test_run_config_text_for_flwr() -> None:
-    from fedroute.server.launcher import format_run_config, parse_config_value
+    from fedroute.deployment.flwr_config import format_run_config, parse_config_value
 
     text = format_run_config({"method": "exp3", "num-clients": 12, "noise-std": 0.5, "flag": True,
                               "results-dir": "/tmp/it's"})

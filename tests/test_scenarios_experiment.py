@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation.cli import main
+from fedroute.cli import main
 from fedroute.simulation.experiments.scenarios import (
     DEV_FIRST_SEED,
     EXPERIMENT,

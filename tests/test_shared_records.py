@@ -10,7 +10,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 
 from fedroute.core.settings import RoutingSettings
-from fedroute.server.launcher import run_flower_app
+from fedroute.deployment.launcher import run_flower_app
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.records import array_record, pack_cluster_models

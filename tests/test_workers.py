@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedroute.simulation import cli
+from fedroute import cli
 from fedroute.simulation.experiments.kit import Sweep
 from fedroute.simulation.sweep import SweepSpec, run_sweep, run_sweeps
 from fedroute.simulation.workers import AUTO, ChunkRunner, resolve_workers, usable_cpus

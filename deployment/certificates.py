@@ -36,6 +36,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = [
@@ -175,15 +176,78 @@ def _load_certificate(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
 
 
-def make_certificates(
-    directory: str | Path,
-    *,
-    days: int = 365,
-    sans: Sequence[str] = (),
-    node_keys: int = 0,
-    force: bool = False,
-    report: Optional[Callable[[str], None]] = None,
-) -> CertificateFiles:
+def _checked_sans(days: int, node_keys: int, sans: Sequence[str]) -> tuple[str, ...]:
+    """The SuperLink's subject alternative names (:data:`DEFAULT_SANS` and ``sans``), once they, ``days`` and
+    ``node_keys`` are valid (``ValueError``)."""
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ValueError(f"--days {days!r} is invalid; allowed: an integer ≥ 1")
+    if isinstance(node_keys, bool) or not isinstance(node_keys, int) or node_keys < 0:
+        raise ValueError(f"--node-keys {node_keys!r} is invalid; allowed: an integer ≥ 0")
+    names = (*DEFAULT_SANS, *sans)
+    for entry in names:
+        parse_san(entry)
+    return names
+
+
+def _ca(out: Path, days: int, force: bool, say: Callable[[str], None],
+        made: list[Path]) -> tuple[PrivateKeyTypes, x509.Certificate]:
+    """The CA's key and certificate: made (``force``, or either file missing) or kept."""
+    ca, ca_key_path = out / "ca.crt", out / "ca.key"
+    if not force and ca.is_file() and ca_key_path.is_file():
+        say(f"kept CA: {ca} (--force remakes it)")
+        return serialization.load_pem_private_key(ca_key_path.read_bytes(), None), _load_certificate(ca)
+    ca_key, ca_certificate = _make_ca(days)
+    _write(ca_key_path, _private_pem(ca_key), _PRIVATE_MODE)
+    _write(ca, ca_certificate.public_bytes(serialization.Encoding.PEM), _PUBLIC_MODE)
+    made += [ca_key_path, ca]
+    (out / "server.pem").unlink(missing_ok=True)  # a new CA needs a new server certificate
+    say(f"made CA: {ca}")
+    return ca_key, ca_certificate
+
+
+def _server_certificate(out: Path, ca_key: PrivateKeyTypes, ca_certificate: x509.Certificate, names: Sequence[str],
+                        days: int, force: bool, say: Callable[[str], None], made: list[Path]) -> None:
+    """The SuperLink's key and certificate: made (``force``, or either file missing) or kept; then verified
+    against the CA (``ValueError``: remake both)."""
+    cert, key = out / "server.pem", out / "server.key"
+    if force or not (cert.is_file() and key.is_file()):
+        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{out / 'ca.key'} is not an elliptic-curve key; remake the CA with --force")
+        server_key, server_certificate = _make_server_certificate(ca_key, ca_certificate,
+                                                                      [parse_san(name) for name in names], days)
+        _write(key, _private_pem(server_key), _PRIVATE_MODE)
+        _write(cert, server_certificate.public_bytes(serialization.Encoding.PEM), _PUBLIC_MODE)
+        made += [key, cert]
+        say(f"made SuperLink certificate: {cert} (SAN: {', '.join(names)})")
+    else:
+        say(f"kept SuperLink certificate: {cert} (--force remakes it)")
+    try:
+        _load_certificate(cert).verify_directly_issued_by(ca_certificate)
+    except (InvalidSignature, ValueError, TypeError) as error:
+        raise ValueError(f"{cert} does not verify against {out / 'ca.crt'} ({error!r}); remake both with --force") \
+            from None
+
+
+def _node_key_pairs(out: Path, count: int, force: bool, say: Callable[[str], None], made: list[Path]) -> list[Path]:
+    """The private keys ``supernode-keys/supernode-0 … count-1`` (each with its ``.pub``): made or kept."""
+    private_keys = []
+    for index in range(count):
+        private_path = out / "supernode-keys" / f"supernode-{index}"
+        public_path = private_path.with_name(private_path.name + ".pub")
+        private_keys.append(private_path)
+        if private_path.is_file() and public_path.is_file() and not force:
+            say(f"kept SuperNode key: {private_path}")
+            continue
+        private, public = make_node_key_pair(f"fedroute-supernode-{index}")
+        _write(private_path, private, _PRIVATE_MODE)
+        _write(public_path, public, _PUBLIC_MODE)
+        made += [private_path, public_path]
+        say(f"made SuperNode key: {private_path} (public: {public_path.name})")
+    return private_keys
+
+
+def make_certificates(directory: str | Path, *, days: int = 365, sans: Sequence[str] = (), node_keys: int = 0,
+                      force: bool = False, report: Optional[Callable[[str], None]] = None) -> CertificateFiles:
     """Make (or keep) the CA, the SuperLink certificate and ``node_keys`` SuperNode key pairs.
 
     Parameters
@@ -202,65 +266,18 @@ def make_certificates(
     report : callable, optional
         Called with one line per file made or kept (e.g. ``print``).
 
-    Returns
-    -------
-    CertificateFiles
-
     Raises
     ------
     ValueError
         A bad ``days``, ``node_keys`` or SAN (the message names the option).
     """
-    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
-        raise ValueError(f"--days {days!r} is invalid; allowed: an integer ≥ 1")
-    if isinstance(node_keys, bool) or not isinstance(node_keys, int) or node_keys < 0:
-        raise ValueError(f"--node-keys {node_keys!r} is invalid; allowed: an integer ≥ 0")
-    names = [parse_san(entry) for entry in (*DEFAULT_SANS, *sans)]
+    names = _checked_sans(days, node_keys, sans)
     say = report or (lambda line: None)
     out = Path(directory).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    ca, ca_key_path, cert, key = out / "ca.crt", out / "ca.key", out / "server.pem", out / "server.key"
     made: list[Path] = []
-
-    if force or not (ca.is_file() and ca_key_path.is_file()):
-        ca_key, ca_certificate = _make_ca(days)
-        _write(ca_key_path, _private_pem(ca_key), _PRIVATE_MODE)
-        _write(ca, ca_certificate.public_bytes(serialization.Encoding.PEM), _PUBLIC_MODE)
-        made += [ca_key_path, ca]
-        cert.unlink(missing_ok=True)  # a new CA needs a new server certificate
-        say(f"made CA: {ca}")
-    else:
-        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
-        ca_certificate = _load_certificate(ca)
-        say(f"kept CA: {ca} (--force remakes it)")
-
-    if force or not (cert.is_file() and key.is_file()):
-        if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{ca_key_path} is not an elliptic-curve key; remake the CA with --force")
-        server_key, server_certificate = _make_server_certificate(ca_key, ca_certificate, names, days)
-        _write(key, _private_pem(server_key), _PRIVATE_MODE)
-        _write(cert, server_certificate.public_bytes(serialization.Encoding.PEM), _PUBLIC_MODE)
-        made += [key, cert]
-        say(f"made SuperLink certificate: {cert} (SAN: {', '.join((*DEFAULT_SANS, *sans))})")
-    else:
-        say(f"kept SuperLink certificate: {cert} (--force remakes it)")
-    try:
-        _load_certificate(cert).verify_directly_issued_by(ca_certificate)
-    except (InvalidSignature, ValueError, TypeError) as error:
-        raise ValueError(f"{cert} does not verify against {ca} ({error!r}); remake both with --force") from None
-
-    private_keys = []
-    for index in range(node_keys):
-        private_path = out / "supernode-keys" / f"supernode-{index}"
-        public_path = private_path.with_name(private_path.name + ".pub")
-        private_keys.append(private_path)
-        if private_path.is_file() and public_path.is_file() and not force:
-            say(f"kept SuperNode key: {private_path}")
-            continue
-        private, public = make_node_key_pair(f"fedroute-supernode-{index}")
-        _write(private_path, private, _PRIVATE_MODE)
-        _write(public_path, public, _PUBLIC_MODE)
-        made += [private_path, public_path]
-        say(f"made SuperNode key: {private_path} (public: {public_path.name})")
-    return CertificateFiles(ca=ca, ca_key=ca_key_path, cert=cert, key=key, node_keys=tuple(private_keys),
-                            made=tuple(made))
+    ca_key, ca_certificate = _ca(out, days, force, say, made)
+    _server_certificate(out, ca_key, ca_certificate, names, days, force, say, made)
+    private_keys = _node_key_pairs(out, node_keys, force, say, made)
+    return CertificateFiles(ca=out / "ca.crt", ca_key=out / "ca.key", cert=out / "server.pem", key=out / "server.key",
+                            node_keys=tuple(private_keys), made=tuple(made))

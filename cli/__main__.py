@@ -1,0 +1,7 @@
+"""``python -m fedroute.cli``: the ``fedroute`` command line."""
+
+import sys
+
+from fedroute.cli import main
+
+sys.exit(main())
