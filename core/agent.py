@@ -5,6 +5,13 @@ controller (arm) choice → entry test → route distribution → hard route →
 state update (EXP3 feedback, episode counters).  The Flower ClientApp calls it
 with a batch of one client, the batched simulator with all clients at once.
 
+:func:`agent_step` composes one pure function per phase, each mapping explicit
+state and arrays to new ones: :func:`greedy_choices`, :func:`exploring_clients`
+(exploration on evidence), :func:`in_exploitation_phase` /
+:func:`exploitation_greedy`, then :func:`choose_arms` (1), :func:`entry_test` (2),
+:func:`episode_releases` (3), :func:`executed_controllers` /
+:func:`route_distributions` (4), the ``ROUTE`` draw and :func:`exp3_feedback_step` (5–6).
+
 Timing conventions (``docs/algorithm.md``):
 
 * Block mode: blocks run on the client's own clock ``τ`` (the rounds it has
@@ -201,7 +208,7 @@ def agent_step(
     num_rounds: Optional[int] = None,
     view: Optional[RoutingView] = None,
 ) -> tuple[AgentState, RoundDecision]:
-    """One routing round for a batch of clients.
+    """One routing round for a batch of clients: the phases below, in order (module docstring).
 
     Parameters
     ----------
@@ -238,47 +245,138 @@ def agent_step(
     new_state : AgentState
     decision : RoundDecision
     """
-    losses = np.asarray(losses, dtype=np.float64)
-    num_clients, num_clusters = losses.shape
-    if num_clusters != settings.num_clusters:
-        raise ValueError(f"losses has {num_clusters} columns; expected num_clusters = {settings.num_clusters}")
+    losses = _checked_losses(losses, settings)
     client_ids = np.asarray(client_ids, dtype=np.int64)
     tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
                     if settings.tie_breaking == "random" else None)
+    greedy_choice, preferred = greedy_choices(losses, settings, view, tie_uniforms)
+    exploring = exploring_clients(settings, view, len(losses))
+    if not exploring.all():
+        return _explore_where(state, settings, losses, previous_masses, round_index, client_ids, seed,
+                              benefit_fn, num_rounds, view, exploring, greedy_choice, preferred)
+    if in_exploitation_phase(settings, round_index, num_rounds):
+        greedy_choice = exploitation_greedy(losses, settings, previous_masses, greedy_choice, tie_uniforms)
+        return _exploit(state, losses, greedy_choice, preferred)
+    entry_round = settings.synchronized_entry and round_index == 0
+    state, needs_arm = choose_arms(state, settings, entry_round, seed, client_ids, round_index)
+    arm_code = arm_controller_codes(state, settings)
+    wants_entry = np.ones(len(losses), dtype=bool) if entry_round else needs_arm & (arm_code == _HYSTERESIS_CODE)
+    state, entered = entry_test(state, settings, losses, previous_masses, greedy_choice, wants_entry, entry_round,
+                                benefit_fn)
+    released, follows_target = episode_releases(state, settings, losses, entered)
+    executed = executed_controllers(state.arm >= 0, arm_code, follows_target)
+    distributions = route_distributions(executed, state, settings, losses, previous_masses, greedy_choice,
+                                        follows_target, tie_uniforms)
+    routes = categorical(distributions, uniform(seed, client_ids, round_index, Purpose.ROUTE))
+    new_state, feedback, updates = exp3_feedback_step(state, settings, losses, distributions, routes, follows_target)
+    return new_state, RoundDecision(
+        routes=routes, route_distributions=distributions, controller=executed.astype(np.int64),
+        arm=np.where(state.arm >= 0, state.arm, -1), feedback=feedback, entered=entered, released=released,
+        exp3_updated=updates, preferred=preferred)
+
+
+_GREEDY_CODE, _HYSTERESIS_CODE = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]
+
+
+def _checked_losses(losses: NDArray[np.float64], settings: RoutingSettings) -> NDArray[np.float64]:
+    """``losses`` as float64, refused when it has not ``settings.num_clusters`` columns."""
+    losses = np.asarray(losses, dtype=np.float64)
+    num_clusters = losses.shape[1]
+    if num_clusters != settings.num_clusters:
+        raise ValueError(f"losses has {num_clusters} columns; expected num_clusters = {settings.num_clusters}")
+    return losses
+
+
+def greedy_choices(
+    losses: NDArray[np.float64], settings: RoutingSettings, view: Optional[RoutingView],
+    tie_uniforms: Optional[NDArray[np.float64]],
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Each client's Greedy route and its preferred cluster.
+
+    Parameters
+    ----------
+    losses : ndarray, shape (n, K)
+    settings : RoutingSettings
+    view : RoutingView or None
+        The server's report: clusters merged into a twin are skipped by the Greedy route.
+    tie_uniforms : ndarray, shape (n,), or None
+        The round's ``TIE`` draws (``tie_breaking = "random"``).
+
+    Returns
+    -------
+    greedy_choice : ndarray of int, shape (n,)
+        The route Greedy executes (consolidating over merged clusters).
+    preferred : ndarray of int, shape (n,)
+        The lowest-loss cluster (what the federation estimate counts).
+    """
     greedy_choice = preferred = ctl.greedy_routes(losses, tie_uniforms)
     if view is not None and np.any(view.merged_into >= 0):
         greedy_choice = ctl.consolidating_greedy_routes(losses, view.merged_into >= 0, tie_uniforms,
                                                         settings.consolidation_loss_ratio)
-    if settings.explores_on_evidence:
-        exploring = np.full(num_clients, settings.explore_at_start) if view is None \
-            else np.asarray(view.explore, dtype=bool)
-        if not exploring.all():
-            return _explore_where(state, settings, losses, previous_masses, round_index, client_ids, seed,
-                                  benefit_fn, num_rounds, view, exploring, greedy_choice, preferred)
-    if settings.exploitation_fraction > 0:
-        if num_rounds is None:
-            raise ValueError("exploitation_fraction > 0 needs num_rounds (the run's T) at every round")
-        if round_index >= settings.exploitation_start(num_rounds):
-            if settings.exploitation_consolidates and previous_masses is not None:
-                spare = underused_clusters(np.broadcast_to(previous_masses, losses.shape), settings.underused_mass,
-                                           settings.mass_threshold_inclusive)
-                greedy_choice = ctl.consolidating_greedy_routes(losses, spare, tie_uniforms,
-                                                                settings.consolidation_loss_ratio)
-            return _exploit(state, losses, greedy_choice, preferred)
-    arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
-    greedy_code, hysteresis_code = CONTROLLER_INDEX[ctl.GREEDY], CONTROLLER_INDEX[ctl.HYSTERESIS]
-    entry_round = settings.synchronized_entry and round_index == 0
+    return greedy_choice, preferred
 
-    # 1. Controller (arm) choice.
+
+def exploring_clients(settings: RoutingSettings, view: Optional[RoutingView], num_clients: int) -> NDArray[np.bool_]:
+    """Which clients take an EXP3 step this round (all of them unless ``explore_on = "collapse"``).
+
+    Under exploration on evidence, the server's ``view.explore``; before any report, ``explore_at_start``.
+    """
+    if not settings.explores_on_evidence:
+        return np.ones(num_clients, dtype=bool)
+    if view is None:
+        return np.full(num_clients, settings.explore_at_start)
+    return np.asarray(view.explore, dtype=bool)
+
+
+def in_exploitation_phase(settings: RoutingSettings, round_index: int, num_rounds: Optional[int]) -> bool:
+    """Whether round ``t`` lies in the exploitation phase (``t ≥ settings.exploitation_start(T)``).
+
+    Raises ``ValueError`` when the phase is configured but ``num_rounds`` is not given.
+    """
+    if settings.exploitation_fraction <= 0:
+        return False
+    if num_rounds is None:
+        raise ValueError("exploitation_fraction > 0 needs num_rounds (the run's T) at every round")
+    return round_index >= settings.exploitation_start(num_rounds)
+
+
+def exploitation_greedy(
+    losses: NDArray[np.float64], settings: RoutingSettings, previous_masses: Optional[NDArray[np.float64]],
+    greedy_choice: NDArray[np.int64], tie_uniforms: Optional[NDArray[np.float64]],
+) -> NDArray[np.int64]:
+    """The exploitation phase's Greedy route: with ``exploitation_consolidates`` (and masses known) it skips
+    the clusters underused in the previous round; otherwise ``greedy_choice`` itself."""
+    if not (settings.exploitation_consolidates and previous_masses is not None):
+        return greedy_choice
+    spare = underused_clusters(np.broadcast_to(previous_masses, losses.shape), settings.underused_mass,
+                               settings.mass_threshold_inclusive)
+    return ctl.consolidating_greedy_routes(losses, spare, tie_uniforms, settings.consolidation_loss_ratio)
+
+
+def choose_arms(
+    state: AgentState, settings: RoutingSettings, entry_round: bool, seed: int | NDArray[np.int64],
+    client_ids: NDArray[np.int64], round_index: int,
+) -> tuple[AgentState, NDArray[np.bool_]]:
+    """Phase 1, the controller (arm) choice: who draws a fresh arm this round, and the draw.
+
+    Block mode: blocks start at ``τ ≡ 0 (mod B)`` of the client's own clock ``τ`` = rounds
+    played (``τ = t`` when it plays every round); after a synchronized-entry round the first
+    block starts at ``τ = 1``; a new block ends any unforced episode.  Action mode: a client
+    with no action in force and no episode draws.  Nobody draws at a synchronized-entry round.
+
+    Returns
+    -------
+    state : AgentState
+        With the fresh arms (and the episodes a new block ended).
+    needs_arm : ndarray of bool, shape (n,)
+        The clients that drew.
+    """
     if entry_round:
-        needs_arm = np.zeros(num_clients, dtype=bool)
+        needs_arm = np.zeros(len(state.arm), dtype=bool)
     elif settings.exp3_mode == "block":
-        # Blocks start at τ ≡ 0 (mod B) of the client's own clock τ = rounds played (τ = t when it plays every
-        # round); after a synchronized-entry round the first block starts at τ = 1.
         played = state.rounds_played
         block_start = (played % settings.block_length == 0) | (settings.synchronized_entry & (played == 1))
         needs_arm = block_start & ~state.forced_episode
-        # A new block ends any unforced episode.
         ended = needs_arm & (state.hysteresis_target >= 0)
         state = replace(
             state,
@@ -287,44 +385,95 @@ def agent_step(
         )
     else:
         needs_arm = (state.arm < 0) & ~state.forced_episode & (state.hysteresis_target < 0)
-    state = _draw_arms(state, needs_arm, settings, seed, client_ids, round_index)
-    has_arm = state.arm >= 0
-    arm_code = np.where(has_arm, arm_codes[np.maximum(state.arm, 0)], -1)
+    return _draw_arms(state, needs_arm, settings, seed, client_ids, round_index), needs_arm
 
-    # 2. Entry test: everyone at a synchronized-entry round, else fresh hys arms.
-    wants_entry = np.ones(num_clients, dtype=bool) if entry_round else needs_arm & (arm_code == hysteresis_code)
-    entered = np.zeros(num_clients, dtype=bool)
-    if wants_entry.any() and previous_masses is not None:
-        candidates = entry_candidates(np.asarray(previous_masses, dtype=np.float64), greedy_choice,
-                                      settings.underused_mass, settings.mass_threshold_inclusive,
-                                      settings.entry_max_candidates, losses) & wants_entry[:, None]
-        if candidates.any():
-            if benefit_fn is None:
-                raise ValueError("benefit_fn is required when an entry test runs")
-            qualifies, targets = entry_decision(benefit_fn(candidates, greedy_choice), settings.entry_threshold)
-            entered = qualifies
-            state = replace(
-                state,
-                hysteresis_target=np.where(entered, targets, state.hysteresis_target),
-                hysteresis_count=np.where(entered, 0, state.hysteresis_count),
-                forced_episode=state.forced_episode | (entered & entry_round),
-            )
 
-    # 3. Episodes: continue, or release (Greedy this round).
+def arm_controller_codes(state: AgentState, settings: RoutingSettings) -> NDArray[np.int64]:
+    """The controller code (:data:`CONTROLLER_INDEX`) of each client's arm in force, ``-1`` for none."""
+    arm_codes = np.array([CONTROLLER_INDEX[name] for name in settings.controllers], dtype=np.int64)
+    return np.where(state.arm >= 0, arm_codes[np.maximum(state.arm, 0)], -1)
+
+
+def entry_test(
+    state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
+    previous_masses: Optional[NDArray[np.float64]], greedy_choice: NDArray[np.int64],
+    wants_entry: NDArray[np.bool_], entry_round: bool, benefit_fn: Optional[BenefitFunction],
+) -> tuple[AgentState, NDArray[np.bool_]]:
+    """Phase 2, the entry test of the clients in ``wants_entry`` (everyone at a synchronized-entry
+    round, else the fresh ``hys`` arms): candidates among the underused clusters, entry where the
+    benefit passes ``entry_threshold``.
+
+    Returns
+    -------
+    state : AgentState
+        With the entered episodes (target, count 0; forced at a synchronized-entry round).
+    entered : ndarray of bool, shape (n,)
+    """
+    entered = np.zeros(len(losses), dtype=bool)
+    if not wants_entry.any() or previous_masses is None:
+        return state, entered
+    candidates = entry_candidates(np.asarray(previous_masses, dtype=np.float64), greedy_choice,
+                                  settings.underused_mass, settings.mass_threshold_inclusive,
+                                  settings.entry_max_candidates, losses) & wants_entry[:, None]
+    if not candidates.any():
+        return state, entered
+    if benefit_fn is None:
+        raise ValueError("benefit_fn is required when an entry test runs")
+    entered, targets = entry_decision(benefit_fn(candidates, greedy_choice), settings.entry_threshold)
+    state = replace(
+        state,
+        hysteresis_target=np.where(entered, targets, state.hysteresis_target),
+        hysteresis_count=np.where(entered, 0, state.hysteresis_count),
+        forced_episode=state.forced_episode | (entered & entry_round),
+    )
+    return state, entered
+
+
+def episode_releases(
+    state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64], entered: NDArray[np.bool_],
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Phase 3, episodes: which are released this round (Greedy this round) and which continue.
+
+    An episode not entered this round may be released after ``hysteresis_min_rounds`` updates, when the
+    gap ``G = ℓ_target / min ℓ − 1`` (``+inf`` when only the best loss is 0, 0 when both are) is at most
+    ``hysteresis_exit_gap`` or after ``hysteresis_max_rounds`` updates.
+
+    Returns
+    -------
+    released : ndarray of bool, shape (n,)
+    follows_target : ndarray of bool, shape (n,)
+        In an episode that continues this round.
+    """
     in_episode = state.hysteresis_target >= 0
     target = np.maximum(state.hysteresis_target, 0)
     target_loss = np.take_along_axis(losses, target[:, None], axis=-1)[:, 0]
     best_loss = losses.min(axis=-1)
-    # G = ℓ_target / min ℓ - 1; +inf when only the best loss is 0, 0 when both are.
     gap = np.divide(target_loss, best_loss, out=np.where(target_loss > 0, np.inf, 1.0), where=best_loss > 0) - 1.0
     may_release = in_episode & ~entered & (state.hysteresis_count >= settings.hysteresis_min_rounds)
     released = may_release & ((gap <= settings.hysteresis_exit_gap)
                               | (state.hysteresis_count >= settings.hysteresis_max_rounds))
-    follows_target = in_episode & ~released
+    return released, in_episode & ~released
 
-    # 4. Route distributions per executed controller.
-    executed = np.where(follows_target, hysteresis_code, np.where(has_arm, arm_code, greedy_code))
-    executed = np.where((executed == hysteresis_code) & ~follows_target, greedy_code, executed)
+
+def executed_controllers(has_arm: NDArray[np.bool_], arm_code: NDArray[np.int64],
+                         follows_target: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """The controller each client executes: hysteresis in a continuing episode, else its arm's controller
+    (Greedy for a ``hys`` arm outside an episode, and for a client with no arm in force)."""
+    executed = np.where(follows_target, _HYSTERESIS_CODE, np.where(has_arm, arm_code, _GREEDY_CODE))
+    return np.where((executed == _HYSTERESIS_CODE) & ~follows_target, _GREEDY_CODE, executed)
+
+
+def route_distributions(
+    executed: NDArray[np.int64], state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
+    previous_masses: Optional[NDArray[np.float64]], greedy_choice: NDArray[np.int64],
+    follows_target: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]],
+) -> NDArray[np.float64]:
+    """Phase 4, the route distribution ``π`` of each client's executed controller, shape (n, K).
+
+    Greedy: one-hot on ``greedy_choice``; Rank Hedge, Reversal (over ``μ^{t-1}``, zeros before any) and
+    Commitment (over the previous route) by :mod:`fedroute.core.controllers`; an episode: its target.
+    """
+    num_clusters = losses.shape[1]
     distributions = ctl.one_hot(greedy_choice, num_clusters)
     rows = executed == CONTROLLER_INDEX[ctl.RANK_HEDGE]
     if rows.any():
@@ -339,15 +488,32 @@ def agent_step(
                                              None if tie_uniforms is None else tie_uniforms[rows])
     if follows_target.any():
         distributions[follows_target] = ctl.one_hot(state.hysteresis_target[follows_target], num_clusters)
+    return distributions
 
-    # 5. Hard route and feedback.
-    routes = categorical(distributions, uniform(seed, client_ids, round_index, Purpose.ROUTE))
+
+def exp3_feedback_step(
+    state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
+    distributions: NDArray[np.float64], routes: NDArray[np.int64], follows_target: NDArray[np.bool_],
+) -> tuple[AgentState, NDArray[np.float64], NDArray[np.bool_]]:
+    """Phases 5–6: feedback of the executed distribution, block/action completion, the EXP3 update.
+
+    The feedback ``f`` is the expected hard-route loss of ``π``; a client with an arm in force (and
+    controller selection on) sums it.  A block completes after ``τ ≡ B-1 (mod B)``, an action when its
+    episode (if any) is not continuing; a completed arm with feedback makes an importance-weighted update.
+
+    Returns
+    -------
+    new_state : AgentState
+        The state after the round.
+    feedback : ndarray, shape (n,)
+    updates : ndarray of bool, shape (n,)
+        Made an EXP3 update.
+    """
+    has_arm = state.arm >= 0
     feedback = expected_route_loss(distributions, losses)
     learns = has_arm & settings.selects_controllers
     feedback_sum = state.feedback_sum + np.where(learns, feedback, 0.0)
     feedback_rounds = state.feedback_rounds + learns.astype(np.int64)
-
-    # 6. Action / block completion and the EXP3 update.
     if settings.exp3_mode == "block":
         completes = has_arm & (state.rounds_played % settings.block_length == settings.block_length - 1)
     else:
@@ -359,29 +525,13 @@ def agent_step(
     )
     keeps_arm = has_arm & ~(completes & (settings.exp3_mode == "action"))
     new_state = AgentState(
-        exp3_log_weights=log_weights,
-        arm=np.where(keeps_arm, state.arm, -1),
-        arm_probability=state.arm_probability,
-        feedback_sum=np.where(completes, 0.0, feedback_sum),
-        feedback_rounds=np.where(completes, 0, feedback_rounds),
+        exp3_log_weights=log_weights, arm=np.where(keeps_arm, state.arm, -1), arm_probability=state.arm_probability,
+        feedback_sum=np.where(completes, 0.0, feedback_sum), feedback_rounds=np.where(completes, 0, feedback_rounds),
         hysteresis_target=np.where(follows_target, state.hysteresis_target, -1),
         hysteresis_count=np.where(follows_target, state.hysteresis_count + 1, 0),
-        forced_episode=state.forced_episode & follows_target,
-        previous_route=routes,
-        rounds_played=state.rounds_played + 1,
-    )
-    decision = RoundDecision(
-        routes=routes,
-        route_distributions=distributions,
-        controller=executed.astype(np.int64),
-        arm=np.where(has_arm, state.arm, -1),
-        feedback=feedback,
-        entered=entered,
-        released=released,
-        exp3_updated=updates,
-        preferred=preferred,
-    )
-    return new_state, decision
+        forced_episode=state.forced_episode & follows_target, previous_route=routes,
+        rounds_played=state.rounds_played + 1)
+    return new_state, feedback, updates
 
 
 def _explore_where(

@@ -28,12 +28,13 @@ from the CAM paper.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.controllers import greedy_routes
+from fedroute.core.influence import InfluenceBounds, aggregate_round
 from fedroute.core.task import ClientBatch
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "OutputSumClients",
     "combined_models",
     "fedcam_client_round",
+    "fedcam_global_update",
     "fedcam_losses",
     "initial_global_model",
     "task_uses_output_sum",
@@ -159,3 +161,41 @@ def initial_global_model(task: Any, cluster_models: NDArray[np.floating]) -> NDA
     if task_uses_output_sum(task):
         return np.asarray(task.initial_global_model(), dtype=np.asarray(cluster_models).dtype)
     return np.zeros(np.asarray(cluster_models).shape[-1], dtype=np.asarray(cluster_models).dtype)
+
+
+def fedcam_global_update(
+    global_models: NDArray[np.floating], trained_globals: NDArray[np.floating], kept: NDArray[np.bool_],
+    num_examples: NDArray[np.floating], bounds: InfluenceBounds, run_index: Optional[NDArray[np.int64]] = None,
+) -> tuple[NDArray[np.floating], NDArray[np.bool_]]:
+    """The server's update of ``Θ_glob``: the kept replies' global parts under the influence bounds.
+
+    The cluster parts went through the server step (:func:`fedroute.core.server_step.server_step`);
+    the global part is one cluster every reply routes to: :func:`~fedroute.core.influence.aggregate_round`
+    on the replies whose cluster part was kept (capped weights, update-norm bound, robust rule; a
+    non-finite aggregate keeps ``Θ_glob``).
+
+    Parameters
+    ----------
+    global_models : ndarray, shape (P,), or (R, P) with ``run_index``
+        ``Θ_glob^t``.
+    trained_globals : ndarray, shape (m, P)
+        The replies' trained global parts.
+    kept : ndarray of bool, shape (m,)
+        Replies the server step kept.
+    num_examples : ndarray, shape (m,)
+        The claimed ``n_i``.
+    bounds : InfluenceBounds
+    run_index : ndarray of int, shape (m,), optional
+        The run of each reply (batched runs).
+
+    Returns
+    -------
+    updated : ndarray, same shape as ``global_models``
+    non_finite : ndarray of bool, shape () or (R,)
+        Where the aggregate was not finite (``Θ_glob`` kept).
+    """
+    kept = np.asarray(kept, dtype=bool)
+    outcome = aggregate_round(np.asarray(global_models)[..., None, :], np.asarray(trained_globals)[kept],
+                              np.zeros(int(kept.sum()), dtype=np.int64), np.asarray(num_examples)[kept], bounds,
+                              None if run_index is None else np.asarray(run_index)[kept])
+    return outcome.models[..., 0, :], outcome.non_finite_clusters[..., 0]

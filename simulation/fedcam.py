@@ -13,22 +13,25 @@ What a FedCAM history records as the "cluster models" ``W^t`` depends on the for
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_losses, initial_global_model, \
-    uses_output_sum
+from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_global_update, fedcam_losses, \
+    initial_global_model, uses_output_sum
+from fedroute.core.health import RoutingView
+from fedroute.core.influence import InfluenceBounds, RoundAggregate
+from fedroute.core.participation import Participation
+from fedroute.core.server_step import RoundReplies
 from fedroute.core.settings import RoutingSettings
-from fedroute.monitoring.telemetry import ClientReplies, node_id_array
-from fedroute.simulation.simulator import BatchHistory, OnRound, SimulatedRound, changed_models, concatenate_clients, \
-    kept_model_rounds
-from fedroute.core.aggregation import hard_update, routing_masses
 from fedroute.core.task import ClientBatch, Task
+from fedroute.monitoring.telemetry import ClientReplies, node_id_array
+from fedroute.simulation.rounds import ClientStep, Federation, OnRound, kept_model_rounds, run_rounds
+from fedroute.simulation.simulator import BatchHistory, batch_history
 
-__all__ = ["FedCAMClients", "FedCAMTask", "fedcam_pairs", "simulate_fedcam_batch"]
+__all__ = ["FedCAMClients", "FedCAMTask", "FedCAMAlgorithm", "FedCAMModels", "fedcam_pairs",
+           "simulate_fedcam_batch"]
 
 
 def fedcam_pairs(global_models: NDArray[np.floating], cluster_models: NDArray[np.floating]) -> NDArray[np.floating]:
@@ -98,69 +101,100 @@ def _evaluated(clients: ClientBatch, global_models: NDArray, cluster_models: NDA
     return combined_models(global_models, cluster_models)
 
 
+@dataclass(frozen=True)
+class FedCAMModels:
+    """FedCAM's server models of ``R`` runs: the global parts ``Θ_glob`` (R, P) and cluster parts ``Θ_k`` (R, K, P)."""
+
+    global_models: NDArray[np.floating]
+    cluster_models: NDArray[np.floating]
+
+
+@dataclass(frozen=True)
+class FedCAMAlgorithm:
+    """FedCAM as the round loop drives it (:func:`~fedroute.simulation.rounds.run_rounds`).
+
+    The client side is :func:`~fedroute.core.fedcam.fedcam_client_round`; the server side the
+    FedCAM strategy's: the server step on the cluster parts, then the global part averaged
+    over the kept replies under the same influence bounds
+    (:func:`~fedroute.core.fedcam.fedcam_global_update`).  No client state, no arms.
+    """
+
+    settings: RoutingSettings
+
+    def init(self, tasks: Sequence[Task], federation: Federation) -> tuple[FedCAMModels, None]:
+        cluster_models = np.stack([task.initial_models(self.settings.num_clusters) for task in tasks])
+        global_models = np.stack([initial_global_model(task, models) for task, models in zip(tasks, cluster_models)])
+        return FedCAMModels(global_models, cluster_models), None
+
+    def provisional_masses(self, models: FedCAMModels, client_state: None, federation: Federation,
+                           participation: Participation, influence: InfluenceBounds) -> None:
+        return None
+
+    def cluster_parts(self, models: FedCAMModels) -> NDArray[np.floating]:
+        return models.cluster_models
+
+    def client_step(self, models: FedCAMModels, client_state: None, federation: Federation, rows: NDArray[np.int64],
+                    masses: Optional[NDArray], view: Optional[RoutingView], round_index: int, num_rounds: int
+                    ) -> tuple[None, ClientStep]:
+        """Assignment by the combined predictor and the joint local update of the clients ``rows``."""
+        runs = federation.run_of_client[rows]
+        result = fedcam_client_round(federation.part(rows), models.global_models[runs], models.cluster_models[runs],
+                                     round_index)
+        count = len(rows)
+        return None, ClientStep(
+            routes=result.routes, preferred=result.routes, losses=result.losses,
+            trained_models=result.cluster_models, arm=np.full(count, -1, dtype=np.int64),
+            arm_probabilities=np.zeros((count, 0)), entered=np.zeros(count, dtype=bool),
+            released=np.zeros(count, dtype=bool), extra=result)
+
+    def server_update(self, models: FedCAMModels, aggregate: RoundAggregate, step: ClientStep,
+                      replies: RoundReplies, influence: InfluenceBounds) -> FedCAMModels:
+        global_models, _ = fedcam_global_update(models.global_models, step.extra.global_models, aggregate.kept,
+                                                replies.num_examples, influence, replies.run_index)
+        return FedCAMModels(global_models, aggregate.models)
+
+    def recorded_models(self, models: FedCAMModels, federation: Federation) -> NDArray[np.floating]:
+        return _evaluated(federation.clients, models.global_models, models.cluster_models)
+
+    def replies(self, step: ClientStep, part: ClientBatch, num_examples: NDArray) -> ClientReplies:
+        return _fedcam_replies(part.client_ids, num_examples, step.losses, step.routes, self.settings.num_clusters)
+
+    def detail(self, models: FedCAMModels, step: Optional[ClientStep], federation: Federation,
+               rows: NDArray[np.int64]) -> dict[str, NDArray]:
+        return {"global_models": models.global_models}
+
+    def final_detail(self, models: FedCAMModels, client_state: None) -> dict[str, NDArray]:
+        return {"cluster_parts": models.cluster_models}
+
+
 def simulate_fedcam_batch(
     tasks: Sequence[Task], settings: RoutingSettings, num_rounds: int, seeds: Sequence[int], detail: bool = False,
     model_rounds: Optional[Sequence[int]] = None, on_round: Optional[OnRound] = None,
+    influence: InfluenceBounds = InfluenceBounds(),
 ) -> BatchHistory:
-    """Simulate FedCAM on ``R`` runs together.
+    """Simulate FedCAM on ``R`` runs together (every client in every round).
 
     ``Θ_glob`` starts at zero output (:func:`~fedroute.core.fedcam.initial_global_model`),
     ``Θ_k`` at the task's initial cluster models.  The server averages ``Θ_glob`` over all
-    clients and ``Θ_k`` over the clients assigned to ``k`` (sample weighted; an empty cluster
-    keeps its model).  The recorded ``cluster_models`` are the combined predictors (additive
-    form) or the pairs ``[Θ_glob | Θ_k]`` (output-sum form; module docstring), for the rounds
-    ``model_rounds`` (all by default); with ``detail`` the global part of every round is in
+    clients and ``Θ_k`` over the clients assigned to ``k`` (sample weighted under the
+    ``influence`` bounds, as the FedCAM strategy does; an empty cluster keeps its model), and
+    the masses are the federation estimate of the routing methods.  The recorded
+    ``cluster_models`` are the combined predictors (additive form) or the pairs
+    ``[Θ_glob | Θ_k]`` (output-sum form; module docstring), for the rounds ``model_rounds``
+    (all by default); with ``detail`` the global part of every round is in
     ``detail["global_models"]`` (T+1, R, P) and the final cluster parts in
-    ``detail["cluster_parts"]`` (R, K, P).  ``seeds`` are unused (FedCAM draws nothing) but
-    kept for the sweep interface.  ``on_round`` is called after every round as in
+    ``detail["cluster_parts"]`` (R, K, P).  ``seeds`` (one per task) are kept for the sweep
+    interface; FedCAM draws nothing.  ``on_round`` is called after every round as in
     :func:`~fedroute.simulation.simulator.simulate_batch` (``changed`` refers to the cluster
-    parts, as in the FedCAM strategy).
+    parts, as in the FedCAM strategy).  The round loop is the routing methods' own
+    (:func:`~fedroute.simulation.rounds.run_rounds`).
     """
-    del seeds
-    num_runs, num_clusters = len(tasks), settings.num_clusters
-    num_clients = tasks[0].num_clients
-    clients = concatenate_clients([task.clients(np.arange(num_clients)) for task in tasks])
-    run_of_client = np.repeat(np.arange(num_runs), num_clients)
-    num_examples = clients.num_examples
-    cluster_models = np.stack([task.initial_models(num_clusters) for task in tasks])
-    global_models = np.stack([initial_global_model(task, models) for task, models in zip(tasks, cluster_models)])
-    kept = kept_model_rounds(num_rounds, model_rounds)
-    recorded = [_evaluated(clients, global_models, cluster_models)] if 0 in kept else []
-    routes_record, masses_record, globals_record = [], [], [global_models]
-    for round_index in range(num_rounds):
-        result = fedcam_client_round(clients, global_models[run_of_client], cluster_models[run_of_client], round_index)
-        previous_parts = cluster_models
-        cluster_models = hard_update(cluster_models, result.cluster_models, result.routes, num_examples, run_of_client)
-        global_models = hard_update(global_models[:, None, :], result.global_models, np.zeros_like(result.routes),
-                                    num_examples, run_of_client)[:, 0, :]
-        if round_index + 1 in kept:
-            recorded.append(_evaluated(clients, global_models, cluster_models))
-        if detail:
-            globals_record.append(global_models)
-        routes_record.append(result.routes.astype(np.int8 if num_clusters < 127 else np.int16)
-                             .reshape(num_runs, num_clients))
-        masses_record.append(routing_masses(result.routes, num_examples, num_clusters, run_of_client, num_runs))
-        if on_round is not None:
-            on_round(SimulatedRound(
-                round_index, masses_record[-1], num_clients,
-                replies=partial(_fedcam_replies, clients.client_ids, num_examples, result.losses, result.routes,
-                                num_clusters),
-                changed=partial(changed_models, cluster_models, previous_parts)))
-    empty = np.zeros((num_rounds, num_runs, 0))
-    return BatchHistory(
-        cluster_models=np.stack(recorded),
-        routes=np.stack(routes_record),
-        played=np.ones((num_rounds, num_runs, num_clients), dtype=bool),
-        masses=np.stack(masses_record),
-        mean_arm_probabilities=empty,
-        arm_fractions=empty,
-        entered=np.zeros((num_rounds, num_runs), dtype=np.int64),
-        released=np.zeros((num_rounds, num_runs), dtype=np.int64),
-        provisional_masses=None,
-        groups=clients.groups.reshape(num_runs, num_clients),
-        num_examples=num_examples.reshape(num_runs, num_clients),
-        detail={"global_models": np.stack(globals_record), "cluster_parts": cluster_models} if detail else {},
-    )
+    if num_rounds < 1:
+        raise ValueError(f"num_rounds must be ≥ 1, got {num_rounds}")
+    federation = Federation.of_tasks(tasks, seeds)
+    result = run_rounds(FedCAMAlgorithm(settings), tasks, federation, num_rounds, detail,
+                        kept_model_rounds(num_rounds, model_rounds), on_round, Participation(), influence)
+    return batch_history(result, federation)
 
 
 def _fedcam_replies(client_ids: np.ndarray, num_examples: np.ndarray, losses: np.ndarray, routes: np.ndarray,

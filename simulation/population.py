@@ -7,6 +7,8 @@ Each round every group ``g`` (proportion ``α_g``, population loss ``L_g(w) = ½
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
@@ -60,6 +62,24 @@ def greedy_population_dynamics(
     ever_updated : numpy.ndarray of bool, shape (N, K)
         Whether cluster ``k`` received routed mass in any of the ``T`` rounds.
     """
+    models, theta, eta = _checked(initial_models, theta, eta, rounds)
+    weights = _proportions(alpha, theta.shape[0])
+    # Layout (K, d, N): every elementwise operation runs over the N starts,
+    # contiguously, into preallocated buffers (no per-round allocation).
+    w = np.ascontiguousarray(np.moveaxis(models, 0, -1))
+    buffers = _Buffers.allocate(*models.shape, theta.shape[0])
+    ever = np.zeros((models.shape[1], models.shape[0]), dtype=bool)
+    theta_column = theta[None, :, :, None]                   # (1, G, d, 1)
+    theta_t = np.ascontiguousarray(theta.T)                  # (d, G)
+    for _ in range(rounds):
+        _route_groups(w, theta_column, buffers)
+        ever |= _update_clusters(w, theta_t, weights, eta, buffers)
+    return np.ascontiguousarray(np.moveaxis(w, -1, 0)), np.ascontiguousarray(ever.T)
+
+
+def _checked(initial_models: ArrayLike, theta: ArrayLike, eta: float, rounds: int
+             ) -> tuple[NDArray[np.float64], NDArray[np.float64], float]:
+    """The inputs of :func:`greedy_population_dynamics` as float arrays; ``ValueError`` for a bad one."""
     models = np.asarray(initial_models, dtype=float)
     theta = np.asarray(theta, dtype=float)
     if models.ndim != 3 or models.shape[1] < 1:
@@ -72,60 +92,71 @@ def greedy_population_dynamics(
         raise ValueError(f"eta must lie in (0, 1], got {eta!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 0:
         raise ValueError(f"rounds must be an integer ≥ 0, got {rounds!r}")
-    num_starts, num_clusters, dim = models.shape
-    num_groups = theta.shape[0]
-    weights = _proportions(alpha, num_groups)
-    eta = float(eta)
+    return models, theta, float(eta)
 
-    # Layout (K, d, N): every elementwise operation runs over the N starts,
-    # contiguously, into preallocated buffers (no per-round allocation).
-    w = np.ascontiguousarray(np.moveaxis(models, 0, -1))
-    ever = np.zeros((num_clusters, num_starts), dtype=bool)
-    theta_column = theta[None, :, :, None]                   # (1, G, d, 1)
-    theta_t = np.ascontiguousarray(theta.T)                  # (d, G)
-    weight_column = weights[None, :, None]                   # (1, G, 1)
-    cluster_column = np.arange(num_clusters)[:, None, None]  # (K, 1, 1)
-    diff = np.empty((num_clusters, num_groups, dim, num_starts))
-    loss = np.empty((num_clusters, num_groups, num_starts))
-    best = np.empty((num_groups, num_starts))
-    route = np.empty((num_groups, num_starts), dtype=np.intp)
-    better = np.empty((num_groups, num_starts), dtype=bool)
-    candidate = np.empty((num_groups, num_starts), dtype=np.intp)
-    share = np.empty((num_clusters, num_groups, num_starts))
-    mass = np.empty((num_clusters, num_starts))
-    step = np.empty((num_clusters, num_starts))
-    routed = np.empty((num_clusters, num_starts), dtype=bool)
-    keep = np.empty((num_clusters, num_starts))
-    pull = np.empty((num_clusters, dim, num_starts))
-    tiny = np.finfo(float).tiny
-    for _ in range(rounds):
-        # Routing: loss[k, g] = ‖w_k − θ_g‖² (= 2 L_g(w_k)); argmin over k with ties
-        # to the lowest k.  A strict improvement at cluster k sets the route to k,
-        # which exceeds every earlier index, hence the running maximum.
-        np.subtract(w[:, None], theta_column, out=diff)
-        np.multiply(diff, diff, out=diff)
-        np.sum(diff, axis=2, out=loss)
-        best[...] = loss[0]
-        route.fill(0)
-        for k in range(1, num_clusters):
-            np.less(loss[k], best, out=better)
-            np.minimum(best, loss[k], out=best)
-            np.multiply(better, k, out=candidate)
-            np.maximum(route, candidate, out=route)
-        # Update every cluster from this round's routing (W^t -> W^{t+1}):
-        # w_k <- (1 - η) w_k + η Σ_{g→k} α_g θ_g / Σ_{g→k} α_g if routed, else w_k.
-        np.equal(route[None], cluster_column, out=share, casting="unsafe")
-        share *= weight_column                               # α_g 1{g → k}
-        np.sum(share, axis=1, out=mass)                      # Σ_{g→k} α_g
-        np.greater(mass, 0.0, out=routed)
-        ever |= routed
-        np.maximum(mass, tiny, out=step)                     # (unrouted: share = 0 anyway)
-        np.divide(eta, step, out=step)
-        share *= step[:, None, :]                            # η α_g 1{g → k} / Σ α
-        np.matmul(theta_t, share, out=pull)                  # η θ̄_k (0 if unrouted)
-        np.multiply(routed, -eta, out=keep)
-        keep += 1.0                                          # 1 − η if routed, else 1
-        w *= keep[:, None, :]
-        w += pull
-    return np.ascontiguousarray(np.moveaxis(w, -1, 0)), np.ascontiguousarray(ever.T)
 
+@dataclass(frozen=True)
+class _Buffers:
+    """Preallocated work arrays of one round (K clusters, G groups, d dimensions, N starts; starts last)."""
+
+    diff: NDArray[np.float64]       # (K, G, d, N)
+    loss: NDArray[np.float64]       # (K, G, N)
+    best: NDArray[np.float64]       # (G, N)
+    route: NDArray[np.intp]         # (G, N)
+    better: NDArray[np.bool_]       # (G, N)
+    candidate: NDArray[np.intp]     # (G, N)
+    share: NDArray[np.float64]      # (K, G, N)
+    mass: NDArray[np.float64]       # (K, N)
+    step: NDArray[np.float64]       # (K, N)
+    routed: NDArray[np.bool_]       # (K, N)
+    keep: NDArray[np.float64]       # (K, N)
+    pull: NDArray[np.float64]       # (K, d, N)
+
+    @classmethod
+    def allocate(cls, num_starts: int, num_clusters: int, dim: int, num_groups: int) -> "_Buffers":
+        clusters, groups = (num_clusters, num_starts), (num_groups, num_starts)
+        return cls(diff=np.empty((num_clusters, num_groups, dim, num_starts)),
+                   loss=np.empty((num_clusters, num_groups, num_starts)), best=np.empty(groups),
+                   route=np.empty(groups, dtype=np.intp), better=np.empty(groups, dtype=bool),
+                   candidate=np.empty(groups, dtype=np.intp), share=np.empty((num_clusters, num_groups, num_starts)),
+                   mass=np.empty(clusters), step=np.empty(clusters), routed=np.empty(clusters, dtype=bool),
+                   keep=np.empty(clusters), pull=np.empty((num_clusters, dim, num_starts)))
+
+
+def _route_groups(w: NDArray[np.float64], theta_column: NDArray[np.float64], b: _Buffers) -> None:
+    """Routing into ``b.route``: ``loss[k, g] = ‖w_k − θ_g‖²`` (= 2 L_g(w_k)); argmin over k, ties to the lowest k.
+
+    A strict improvement at cluster k sets the route to k, which exceeds every earlier index,
+    hence the running maximum.
+    """
+    np.subtract(w[:, None], theta_column, out=b.diff)
+    np.multiply(b.diff, b.diff, out=b.diff)
+    np.sum(b.diff, axis=2, out=b.loss)
+    b.best[...] = b.loss[0]
+    b.route.fill(0)
+    for k in range(1, b.loss.shape[0]):
+        np.less(b.loss[k], b.best, out=b.better)
+        np.minimum(b.best, b.loss[k], out=b.best)
+        np.multiply(b.better, k, out=b.candidate)
+        np.maximum(b.route, b.candidate, out=b.route)
+
+
+def _update_clusters(w: NDArray[np.float64], theta_t: NDArray[np.float64], weights: NDArray[np.float64],
+                     eta: float, b: _Buffers) -> NDArray[np.bool_]:
+    """``W^t → W^{t+1}`` in place from ``b.route``; returns which clusters were routed to, shape (K, N).
+
+    ``w_k ← (1 − η) w_k + η Σ_{g→k} α_g θ_g / Σ_{g→k} α_g`` if routed, else ``w_k``.
+    """
+    np.equal(b.route[None], np.arange(w.shape[0])[:, None, None], out=b.share, casting="unsafe")
+    b.share[...] *= weights[None, :, None]                   # α_g 1{g → k}
+    np.sum(b.share, axis=1, out=b.mass)                      # Σ_{g→k} α_g
+    np.greater(b.mass, 0.0, out=b.routed)
+    np.maximum(b.mass, np.finfo(float).tiny, out=b.step)     # (unrouted: share = 0 anyway)
+    np.divide(eta, b.step, out=b.step)
+    b.share[...] *= b.step[:, None, :]                       # η α_g 1{g → k} / Σ α
+    np.matmul(theta_t, b.share, out=b.pull)                  # η θ̄_k (0 if unrouted)
+    np.multiply(b.routed, -eta, out=b.keep)
+    b.keep[...] += 1.0                                       # 1 − η if routed, else 1
+    w *= b.keep[:, None, :]
+    w += b.pull
+    return b.routed

@@ -58,7 +58,7 @@ def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder
                            task_metrics(clients, final))
     if algorithm == ALGORITHM_FEDCAM:
         batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
-                                      on_round=recording(recorder))
+                                      on_round=recording(recorder), influence=settings.influence)
         final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
     else:
         history = simulate(task, routing, settings.num_rounds, settings.seed, on_round=recording(recorder),

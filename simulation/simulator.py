@@ -9,14 +9,16 @@ server side is the strategy's own update, :func:`fedroute.core.influence.aggrega
 (hard update under the influence bounds) and the federation estimate
 :func:`fedroute.core.federation.estimate_federation` (masses from every client's
 latest report), with a run index.  This module only loops over rounds and
-records what the experiments need.
+records what the experiments need; the loop itself is
+:func:`fedroute.simulation.rounds.run_rounds`, shared with FedCAM
+(:mod:`fedroute.simulation.fedcam`), and this module's :class:`RoutingAlgorithm` is the
+routing side it drives.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, fields, is_dataclass, replace
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,65 +27,19 @@ from fedroute.core.agent import AgentState
 from fedroute.core.aggregation import routing_masses
 from fedroute.core.client_step import client_round, provisional_greedy_routes
 from fedroute.core.exp3 import arm_probabilities
-from fedroute.core.federation import FederationState
 from fedroute.core.health import RoutingView
-from fedroute.core.influence import InfluenceBounds, capped_weights
-from fedroute.core.participation import Participation, participating
-from fedroute.core.server_step import RoundReplies, server_init, server_step
+from fedroute.core.influence import InfluenceBounds, RoundAggregate, capped_weights
+from fedroute.core.participation import Participation
+from fedroute.core.server_step import RoundReplies
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.task import ClientBatch, Task
 from fedroute.monitoring.telemetry import ClientReplies, node_id_array
+from fedroute.simulation.rounds import (ClientStep, Federation, LoopResult, OnRound, SimulatedRound, changed_models,
+                                        concatenate_clients, fill_rows, kept_model_rounds, run_rounds, select_clients)
 
 __all__ = ["RunHistory", "BatchHistory", "SimulatedRound", "simulate", "simulate_batch", "concatenate_clients",
-           "select_clients", "recording", "changed_models", "kept_model_rounds", "simulate_local"]
-
-
-class SimulatedRound:
-    """What one simulated round did, for an observer (``on_round``) of the simulator.
-
-    The per-client view is built only when asked for (a progress bar pays nothing).
-
-    Attributes
-    ----------
-    round_index : int
-        ``t``.
-    masses : ndarray, shape (R, K)
-        ``μ^t`` after the round.
-    num_clients : int
-        ``n`` per run.
-    spare : ndarray of bool, shape (R, K), or None
-        The server's spare clusters (when the routing reads the health view).
-    """
-
-    def __init__(self, round_index: int, masses: NDArray[np.float64], num_clients: int,
-                 replies: Callable[[], ClientReplies], changed: Callable[[], NDArray[np.bool_]],
-                 run_index: Optional[NDArray[np.int64]] = None, spare: Optional[NDArray[np.bool_]] = None) -> None:
-        self.round_index = round_index
-        self.masses = masses
-        self.spare = spare
-        self.num_clients = num_clients
-        self.run_index = run_index
-        self._replies, self._changed = replies, changed
-
-    @functools.cached_property
-    def replies(self) -> ClientReplies:
-        """Every client that played, of every run (run-major), as a Flower strategy would have received them."""
-        return self._replies()
-
-    @functools.cached_property
-    def changed(self) -> NDArray[np.bool_]:
-        """Whether each cluster model changed, shape (R, K)."""
-        return self._changed()
-
-    def run(self, run: int) -> ClientReplies:
-        """The replies of run ``run``."""
-        if self.run_index is None:
-            return self.replies.select(slice(run * self.num_clients, (run + 1) * self.num_clients))
-        return self.replies.select(np.flatnonzero(self.run_index == run))
-
-
-OnRound = Callable[[SimulatedRound], None]
-"""``on_round(simulated_round)``: called after every simulated round."""
+           "select_clients", "recording", "changed_models", "kept_model_rounds", "simulate_local", "RoutingAlgorithm",
+           "batch_history", "OnRound"]
 
 
 def recording(recorder: Any, run: int = 0) -> OnRound:
@@ -94,54 +50,6 @@ def recording(recorder: Any, run: int = 0) -> OnRound:
         recorder.commit()
 
     return observe
-
-
-def concatenate_clients(batches: Sequence[ClientBatch]) -> ClientBatch:
-    """One client batch holding the clients of several (dataclass) batches in order.
-
-    Array fields (and tuples of arrays) are concatenated along the client axis, a
-    field holding a client batch (a wrapper's) recursively; other fields (e.g. the
-    learning rate) must be equal in every batch.
-    """
-    first = batches[0]
-    if len(batches) == 1:
-        return first
-    if not is_dataclass(first):
-        raise TypeError(f"cannot concatenate {type(first).__name__}: not a dataclass")
-    merged: dict[str, Any] = {}
-    for field in fields(first):
-        values = [getattr(batch, field.name) for batch in batches]
-        if isinstance(values[0], np.ndarray):
-            merged[field.name] = np.concatenate(values, axis=0)
-        elif is_dataclass(values[0]) and not isinstance(values[0], type):  # a wrapped client batch
-            merged[field.name] = concatenate_clients(values)
-        elif isinstance(values[0], tuple) and isinstance(values[0][0], np.ndarray):
-            merged[field.name] = tuple(np.concatenate(parts, axis=0) for parts in zip(*values))
-        else:
-            if any(value != values[0] for value in values[1:]):
-                raise ValueError(f"runs differ in '{field.name}' ({values[0]!r} vs others); batch them separately")
-            merged[field.name] = values[0]
-    return replace(first, **merged)
-
-
-def select_clients(batch: ClientBatch, index: NDArray[np.int64]) -> ClientBatch:
-    """The clients ``index`` of a (dataclass) batch, in that order: the inverse of :func:`concatenate_clients`.
-
-    Array fields (and tuples of arrays) are indexed along the client axis, a nested
-    client batch recursively; other fields are kept.
-    """
-    if not is_dataclass(batch):
-        raise TypeError(f"cannot select clients of {type(batch).__name__}: not a dataclass")
-    chosen: dict[str, Any] = {}
-    for field in fields(batch):
-        value = getattr(batch, field.name)
-        if isinstance(value, np.ndarray):
-            chosen[field.name] = value[index]
-        elif is_dataclass(value) and not isinstance(value, type):
-            chosen[field.name] = select_clients(value, index)
-        elif isinstance(value, tuple) and value and isinstance(value[0], np.ndarray):
-            chosen[field.name] = tuple(part[index] for part in value)
-    return replace(batch, **chosen)
 
 
 @dataclass(frozen=True)
@@ -225,14 +133,6 @@ class RunHistory:
     final_state: AgentState
 
 
-def kept_model_rounds(num_rounds: int, model_rounds: Optional[Sequence[int]]) -> set[int]:
-    """The rounds ``t ∈ 0..T`` whose models a history records (all when ``model_rounds`` is None)."""
-    kept = set(range(num_rounds + 1)) if model_rounds is None else {int(t) for t in model_rounds}
-    if any(not 0 <= t <= num_rounds for t in kept):
-        raise ValueError(f"model_rounds must lie in [0, {num_rounds}]")
-    return kept
-
-
 def simulate_batch(
     tasks: Sequence[Task],
     settings: RoutingSettings,
@@ -282,138 +182,93 @@ def simulate_batch(
     """
     if num_rounds < 1:
         raise ValueError(f"num_rounds must be ≥ 1, got {num_rounds}")
-    if len(tasks) != len(seeds) or not tasks:
-        raise ValueError(f"need one seed per task; got {len(tasks)} tasks and {len(seeds)} seeds")
-    num_clients = tasks[0].num_clients
-    if any(task.num_clients != num_clients for task in tasks):
-        raise ValueError("every run of a batch needs the same num_clients")
-    num_runs, num_clusters = len(tasks), settings.num_clusters
-    clients = concatenate_clients([task.clients(np.arange(num_clients)) for task in tasks])
-    run_of_client = np.repeat(np.arange(num_runs), num_clients)
-    seed_of_client = np.asarray(seeds, dtype=np.int64)[run_of_client]
-    client_ids = np.asarray(clients.client_ids, dtype=np.int64)
-    joins = np.zeros(num_runs * num_clients, np.int64) if join_rounds is None else \
-        np.broadcast_to(np.asarray(join_rounds, dtype=np.int64), (num_runs, num_clients)).reshape(-1)
-    num_examples = clients.num_examples
-    models = np.stack([task.initial_models(num_clusters) for task in tasks])
-    state = AgentState.initial(num_runs * num_clients, settings)
-    server = server_init(FederationState.of_clients(client_ids, num_clusters, run_of_client), num_runs, num_clusters,
-                         settings, participation)
-    masses: Optional[NDArray[np.float64]] = None
-    provisional = None
-    if settings.synchronized_entry:
-        reporting = participating(client_ids, run_of_client, seed_of_client, num_runs, 0, participation, joins <= 0)
-        rows = np.flatnonzero(reporting)
-        greedy = provisional_greedy_routes(select_clients(clients, rows), models[run_of_client[rows]], settings,
-                                           seed_of_client[rows])
-        weights = capped_weights(num_examples[rows], influence.max_weight_ratio, run_of_client[rows], num_runs)
-        provisional = routing_masses(greedy, weights, num_clusters, run_of_client[rows], num_runs)
-        masses = provisional
-    route_dtype = np.int8 if num_clusters < 127 else np.int16
-    recorder = _Record(num_runs, num_clients, detail, kept_model_rounds(num_rounds, model_rounds))
-    recorder.models(0, models)
-    latest_routes = np.full(num_runs * num_clients, -1, dtype=np.int64)
-    for round_index in range(num_rounds):
-        played = participating(client_ids, run_of_client, seed_of_client, num_runs, round_index, participation,
-                               joins <= round_index)
-        rows = np.flatnonzero(played)
-        every = len(rows) == len(played)
-        part = clients if every else select_clients(clients, rows)
-        before = state if every else state.select(rows)
-        probabilities = arm_probabilities(before.exp3_log_weights, settings.exp3_exploration)
-        runs = run_of_client[rows]
-        view = None if server.view is None else RoutingView(
-            explore=server.view.explore[runs], merged_into=server.view.merged_into[runs], spare=server.view.spare[runs])
-        result = client_round(part, before, settings, models[runs], None if masses is None else masses[runs],
-                              round_index, seed_of_client[rows], num_rounds, view)
+    federation = Federation.of_tasks(tasks, seeds, join_rounds)
+    result = run_rounds(RoutingAlgorithm(settings), tasks, federation, num_rounds, detail,
+                        kept_model_rounds(num_rounds, model_rounds), on_round, participation, influence)
+    return batch_history(result, federation)
+
+
+def batch_history(result: LoopResult, federation: Federation) -> BatchHistory:
+    """The :class:`BatchHistory` of what :func:`~fedroute.simulation.rounds.run_rounds` recorded."""
+    return BatchHistory(
+        **{key: np.stack(values) for key, values in result.record.items()},
+        provisional_masses=result.provisional_masses,
+        groups=federation.clients.groups.reshape(federation.num_runs, federation.num_clients),
+        num_examples=federation.num_examples.reshape(federation.num_runs, federation.num_clients),
+        detail=result.detail,
+    )
+
+
+@dataclass(frozen=True)
+class RoutingAlgorithm:
+    """Clustered routing as the round loop drives it: the agent's client round and the hard update.
+
+    ``models`` are the cluster models ``(R, K, P)``, the client state an
+    :class:`~fedroute.core.agent.AgentState` of every client of every run.
+    """
+
+    settings: RoutingSettings
+
+    def init(self, tasks: Sequence[Task], federation: Federation) -> tuple[NDArray, AgentState]:
+        models = np.stack([task.initial_models(self.settings.num_clusters) for task in tasks])
+        return models, AgentState.initial(len(federation.run_of_client), self.settings)
+
+    def provisional_masses(self, models: NDArray, client_state: AgentState, federation: Federation,
+                           participation: Participation, influence: InfluenceBounds) -> Optional[NDArray]:
+        """Synchronized entry's provisional masses: round 0's sample's Greedy choices at ``W^0`` (capped weights)."""
+        if not self.settings.synchronized_entry:
+            return None
+        rows = np.flatnonzero(federation.playing(0, participation))
+        runs = federation.run_of_client[rows]
+        greedy = provisional_greedy_routes(select_clients(federation.clients, rows), models[runs], self.settings,
+                                           federation.seed_of_client[rows])
+        weights = capped_weights(federation.num_examples[rows], influence.max_weight_ratio, runs, federation.num_runs)
+        return routing_masses(greedy, weights, self.settings.num_clusters, runs, federation.num_runs)
+
+    def cluster_parts(self, models: NDArray) -> NDArray:
+        return models
+
+    def client_step(self, models: NDArray, client_state: AgentState, federation: Federation,
+                    rows: NDArray[np.int64], masses: Optional[NDArray], view: Optional[RoutingView],
+                    round_index: int, num_rounds: int) -> tuple[AgentState, ClientStep]:
+        """:func:`~fedroute.core.client_step.client_round` of the clients ``rows``."""
+        every = len(rows) == len(federation.run_of_client)
+        before = client_state if every else client_state.select(rows)
+        probabilities = arm_probabilities(before.exp3_log_weights, self.settings.exp3_exploration)
+        runs = federation.run_of_client[rows]
+        result = client_round(federation.part(rows), before, self.settings, models[runs],
+                              None if masses is None else masses[runs], round_index, federation.seed_of_client[rows],
+                              num_rounds, view)
         decision = result.decision
-        state = result.state if every else state.scatter(rows, result.state)
-        previous_models = models
-        outcome, server = server_step(models, server, RoundReplies(
-            rows=rows, routes=decision.routes, preferred=decision.preferred, num_examples=num_examples[rows],
-            losses=result.losses, trained_models=result.trained_models, run_index=runs),
-            round_index, settings, participation, influence, num_runs)
-        models = outcome.models
-        masses = server.estimate.masses
-        latest_routes[rows] = decision.routes
-        if on_round is not None:
-            on_round(SimulatedRound(
-                round_index, masses, num_clients,
-                replies=functools.partial(_replies, part, num_examples[rows], result.losses, decision, result.state),
-                changed=functools.partial(changed_models, models, previous_models), run_index=runs,
-                spare=None if server.view is None else server.view.spare))
-        recorder.models(round_index + 1, models)
-        recorder.round(latest_routes.astype(route_dtype), played, masses, probabilities, decision, rows,
-                       settings.num_arms, result.losses)
-    return recorder.history(provisional, clients, num_examples, state)
+        client_state = result.state if every else client_state.scatter(rows, result.state)
+        return client_state, ClientStep(
+            routes=decision.routes, preferred=decision.preferred, losses=result.losses,
+            trained_models=result.trained_models, arm=decision.arm, arm_probabilities=probabilities,
+            entered=decision.entered, released=decision.released, extra=result)
 
+    def server_update(self, models: NDArray, aggregate: RoundAggregate, step: ClientStep, replies: RoundReplies,
+                      influence: InfluenceBounds) -> NDArray:
+        return aggregate.models
 
-class _Record:
-    """What :func:`simulate_batch` records, round by round (per-client rows of the clients that played)."""
+    def recorded_models(self, models: NDArray, federation: Federation) -> NDArray:
+        return models
 
-    def __init__(self, num_runs: int, num_clients: int, detail: bool, kept_rounds: set[int]) -> None:
-        self.num_runs, self.num_clients, self.detail, self.kept_rounds = num_runs, num_clients, detail, kept_rounds
-        keys = ["cluster_models", "routes", "played", "masses", "mean_arm_probabilities", "arm_fractions",
-                "entered", "released"]
-        self.record: dict[str, list] = {key: [] for key in keys}
-        self.detailed: dict[str, list] = {key: [] for key in (
-            "train_losses", "controllers", "arms", "arm_probabilities", "entered", "released")}
+    def replies(self, step: ClientStep, part: ClientBatch, num_examples: NDArray) -> ClientReplies:
+        return _replies(part, num_examples, step.losses, step.extra.decision, step.extra.state)
 
-    def models(self, round_number: int, models: NDArray) -> None:
-        if round_number in self.kept_rounds:
-            self.record["cluster_models"].append(models)
+    def detail(self, models: NDArray, step: Optional[ClientStep], federation: Federation,
+               rows: NDArray[np.int64]) -> dict[str, NDArray]:
+        """Per-client training losses, controllers, arms, arm probabilities and episode events."""
+        if step is None:
+            return {}
+        size, decision = len(federation.run_of_client), step.extra.decision
+        return {key: fill_rows(rows, np.asarray(value), fill, size) for key, value, fill in (
+            ("train_losses", step.losses, np.nan), ("controllers", decision.controller, -1),
+            ("arms", decision.arm, -1), ("arm_probabilities", step.arm_probabilities, np.nan),
+            ("entered", decision.entered, False), ("released", decision.released, False))}
 
-    def _full(self, rows: NDArray[np.int64], values: NDArray, fill: Any) -> NDArray:
-        """Per-client values of the clients that played, ``fill`` for the others, shape (R·n, ...)."""
-        full = np.full((self.num_runs * self.num_clients,) + values.shape[1:], fill, dtype=values.dtype)
-        full[rows] = values
-        return full
-
-    def _per_run(self, values: NDArray, played: NDArray[np.bool_], mean: bool) -> NDArray:
-        """Sum (or mean over the clients that played) of per-client values, per run."""
-        shaped = values.reshape(self.num_runs, self.num_clients, *values.shape[1:])
-        weight = played.reshape(self.num_runs, self.num_clients, *([1] * (values.ndim - 1)))
-        total = (shaped * weight).sum(axis=1)
-        return total / np.maximum(weight.sum(axis=1), 1) if mean else total
-
-    def round(self, routes: NDArray, played: NDArray[np.bool_], masses: NDArray, probabilities: NDArray,
-              decision: Any, rows: NDArray[np.int64], num_arms: int, losses: NDArray) -> None:
-        arm_in_force = (decision.arm[:, None] == np.arange(num_arms)).astype(np.float64)
-        for key, value in (
-            ("routes", routes.reshape(self.num_runs, self.num_clients)),
-            ("played", played.reshape(self.num_runs, self.num_clients)),
-            ("masses", masses),
-            ("mean_arm_probabilities", self._per_run(self._full(rows, probabilities, 0.0), played, True)),
-            ("arm_fractions", self._per_run(self._full(rows, arm_in_force, 0.0), played, True)),
-            ("entered", self._per_run(self._full(rows, decision.entered.astype(np.int64), 0), played, False)),
-            ("released", self._per_run(self._full(rows, decision.released.astype(np.int64), 0), played, False)),
-        ):
-            self.record[key].append(value)
-        if self.detail:
-            for key, value, fill in (
-                    ("train_losses", losses, np.nan), ("controllers", decision.controller, -1),
-                    ("arms", decision.arm, -1), ("arm_probabilities", probabilities, np.nan),
-                    ("entered", decision.entered, False), ("released", decision.released, False)):
-                self.detailed[key].append(self._full(rows, np.asarray(value), fill))
-
-    def history(self, provisional: Optional[NDArray], clients: ClientBatch, num_examples: NDArray,
-                state: AgentState) -> BatchHistory:
-        extra: dict[str, Any] = {}
-        if self.detail:
-            extra = {key: np.stack(values) for key, values in self.detailed.items()}
-            extra["final_state"] = state
-        return BatchHistory(
-            **{key: np.stack(values) for key, values in self.record.items()},
-            provisional_masses=provisional,
-            groups=clients.groups.reshape(self.num_runs, self.num_clients),
-            num_examples=num_examples.reshape(self.num_runs, self.num_clients),
-            detail=extra,
-        )
-
-
-def changed_models(models: NDArray, previous: NDArray) -> NDArray[np.bool_]:
-    """Which cluster models of which runs changed, shape (R, K)."""
-    return np.any(models != previous, axis=-1)
+    def final_detail(self, models: NDArray, client_state: AgentState) -> dict[str, Any]:
+        return {"final_state": client_state}
 
 
 def _replies(clients: ClientBatch, num_examples: NDArray, losses: NDArray[np.float64], decision: Any,
