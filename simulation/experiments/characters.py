@@ -38,10 +38,11 @@ from fedroute.simulation.experiments.kit import (
 from fedroute.simulation.fedcam import FedCAMTask
 from fedroute.core.metrics import (
     assignment_accuracy, femnist_recovery_levels, group_routing_matrix, usable_models)
+from fedroute.simulation.experiments.references import reference_panel, reference_runs, reference_table
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory, concatenate_clients, simulate_batch
 from fedroute.simulation.sweep import SweepSpec
-from fedroute.core.methods import method_settings
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY, SYNC_ENTRY, method_settings
 from fedroute.tasks.characters import ALPHAS, AUDIT_SEEDS, ENTRY_THRESHOLD, CharactersTask, round_zero_audit
 
 __all__ = ["CharactersExperimentConfig", "METHODS", "RUNS_COLUMNS", "RECOVERY_COLUMNS", "ROUNDS_COLUMNS",
@@ -528,8 +529,10 @@ def _run(config: CharactersExperimentConfig, sweep: Sweep) -> Results:
     runs = pd.concat(tables, ignore_index=True)[list(RUNS_COLUMNS)]
     audit = round_zero_audit(config.alphas, config.data_seeds, task=CharactersTask(**config.task))
     rounds, representative = _representative_rounds(config, runs)
-    return Results({"runs": runs, "recovery": _recovery(runs), "round_zero": audit, "rounds": rounds},
-                   representative_run=representative)
+    references = reference_runs(sweep, partial(make_characters_task, **config.task), config.rounds, 2,
+                                config.cells(BASELINES[0]), ("alpha", "data_seed"), dict(config.chunk_sizes)[GREEDY])
+    return Results({"runs": runs, "recovery": _recovery(runs), "round_zero": audit, "rounds": rounds,
+                    "references": references}, representative_run=representative)
 
 
 def _panel_e_table(results: Results) -> pd.DataFrame:
@@ -588,7 +591,13 @@ EXPERIMENT = register(Experiment(
         Panel("fig2h", y="accuracy_train", ylabel=r"assignment accuracy $A_t$ (training)",
               title=_where("(h)", offset=False), styles={"exp3": _STYLES["exp3"] | {"offset": 0.0}},
               ylim=(0.4, 1.03), **_ROUNDS),
+        reference_panel("fig2_references", "alpha", "eval_test_loss", r"interpolation $\alpha$ of the unused model",
+                        r"mean held-out loss at $W^T$ (each client at its best model)", xticks=True,
+                        styles={"exp3": _STYLES["exp3"] | {"offset": 0.0}},
+                        title=lambda results, config: f"held-out loss at $W^{{{config.rounds}}}$ against FedAvg and "
+                                                      "Local"),
     ],
-    show=lambda results: [_panel_e_table(results), _levels_table(results)],
+    show=lambda results: [_panel_e_table(results), _levels_table(results),
+                          reference_table(results.runs, results.references, "alpha", "eval_test_loss")],
     variants={"long": Variant("T = 2400, H_max 2400 / 480 (the grid of the paper's T = 800)", long_horizon)},
 ))

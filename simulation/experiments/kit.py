@@ -25,6 +25,7 @@ from typing import get_args, get_origin, get_type_hints
 
 import numpy as np
 import pandas as pd
+from numpy.typing import NDArray
 
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.plotting import Panel
@@ -37,7 +38,7 @@ from fedroute.core.methods import method_settings
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
            "register",
            "claim", "not_run", "number", "by_value", "greedy_of_cell", "method_spec", "simulate_fedcam", "task_settings", "RunLosses",
-           "train_groups_alone", "run_experiment", "InputError"]
+           "train_groups_alone", "StartedTask", "run_experiment", "InputError"]
 
 PAPER = "paper"
 EXPERIMENTS: dict[str, "Experiment"] = {}
@@ -234,6 +235,38 @@ class Results:
         if name not in merged:
             raise AttributeError(name)
         return merged[name]
+
+
+@dataclass(frozen=True, eq=False)
+class StartedTask:
+    """A task whose initial cluster models are fixed (one start of a cell)."""
+
+    task: Any
+    start_models: NDArray[np.floating]
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    @property
+    def num_clients(self) -> int:
+        return self.task.num_clients
+
+    def clients(self, client_ids: NDArray[np.int64]) -> Any:
+        """The wrapped task's clients."""
+        return self.task.clients(client_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        # FedCAM's output-sum form asks the task for ``initial_global_model`` (where it has one).
+        if name == "initial_global_model":
+            return getattr(self.task, name)
+        raise AttributeError(name)
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
+        """The fixed ``W^0`` (``num_clusters`` must be its ``K``)."""
+        if num_clusters != len(self.start_models):
+            raise ValueError(f"this start has {len(self.start_models)} models; asked for {num_clusters}")
+        return self.start_models
 
 
 class RunLosses:

@@ -31,6 +31,7 @@ from fedroute.simulation.experiments.kit import (
 from fedroute.core.metrics import (
     assignment_accuracy, certified_starvation_basin, common_preferred_cluster, composition, group_routing_matrix,
     persistent_collapse, recovery_error, routed_loss, usable_models, weak_cluster_mass)
+from fedroute.simulation.experiments.references import reference_panel, reference_runs, reference_table
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory
 from fedroute.simulation.sweep import SweepSpec
@@ -356,8 +357,11 @@ def _run(config: LinearExperimentConfig, sweep: Sweep) -> Results:
         rounds, facts = _representative_rounds(specs, runs, representative)
         representative.update(facts)
     blocks, e3 = _e3(config, runs, cell_blocks)
+    references = reference_runs(sweep, config.task_factory(), config.rounds, config.num_clusters, config.cells(),
+                                ("rho", "seed"), config.chunk_size)
     return Results({"runs": runs, "summary": _summary(runs), "rounds": rounds, "blocks": blocks,
-                    "cell_blocks": cell_blocks}, representative_run=representative or {}, e3=e3)
+                    "cell_blocks": cell_blocks, "references": references},
+                   representative_run=representative or {}, e3=e3)
 
 
 BETA_LEVEL = 0.9
@@ -543,8 +547,14 @@ EXPERIMENT = register(Experiment(
                                               f"{c}"}
                       for c, colour in (("gr", "tab:blue"), ("rh", "tab:orange"))
                       for kind in ("probability", "fraction")}),
+        reference_panel("fig2_references", "rho", "routed_test_loss", r"initial spread $\rho$",
+                        r"mean final routed test loss $L^{\mathrm{route}}_{T-1}$", log2_x=True,
+                        styles={"exp3": {"label": "EXP3 {gr, rh}"}},
+                        title=lambda results, config: f"{config.seeds_per_rho} cells per ρ, T = {config.rounds}, "
+                                                      "against FedAvg and Local"),
     ],
-    show=lambda results: [_recovery_table(results.summary)],
+    show=lambda results: [_recovery_table(results.summary),
+                          reference_table(results.runs, results.references, "rho", "routed_test_loss")],
 ))
 
 

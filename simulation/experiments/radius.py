@@ -26,6 +26,7 @@ from fedroute.simulation.experiments.kit import (
 from fedroute.core.metrics import (
     assignment_accuracy, greedy_choices, group_routing_matrix, persistent_collapse, recovery_error, routed_loss,
     usable_models)
+from fedroute.simulation.experiments.references import losses_by_method, reference_runs, reference_table
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory
 
@@ -127,8 +128,12 @@ def reduce_radius(history: BatchHistory, tasks: Sequence[Any], cells: Sequence[d
 
 
 def run_radius(config: RadiusSweepConfig, sweep: Sweep) -> Results:
-    """The sweep of every method and :func:`radius_results`."""
-    return radius_results(sweep(list(config.specs().values()), config.cells(), config.chunk_size), config)
+    """The sweep of every method and :func:`radius_results`, with the ``references`` table (FedAvg and Local on
+    the same cells)."""
+    results = radius_results(sweep(list(config.specs().values()), config.cells(), config.chunk_size), config)
+    results.tables["references"] = reference_runs(sweep, config.task_factory(), config.rounds, config.num_clusters,
+                                                  config.cells(), ("radius", "seed"), config.chunk_size)
+    return results
 
 
 def radius_results(table: pd.DataFrame, config: RadiusSweepConfig) -> Results:
@@ -232,7 +237,7 @@ def alone_convergence(task: Any, radius: float, rounds: int) -> dict[str, list[f
 def radius_panels(prefix: str, name: str, first: tuple[str, str], round_zero: Callable[[pd.Series], pd.Series],
                   round_zero_label: str, exp3_label: str) -> list[Panel]:
     """Figures ``<prefix>a|b|c``: the ``first`` (column, label), ``A_T`` and the routed loss against R, one
-    line per method; panel (a) adds ``round_zero`` of the Greedy rows' ``round0_pr_all_used`` (dashed)."""
+    line per method (panel (c) with FedAvg's and Local's); panel (a) adds ``round_zero`` of the Greedy rows' ``round0_pr_all_used`` (dashed)."""
     def title(tag: str) -> Callable[[Results, Any], str]:
         return lambda results, config: (f"{tag} {name}, K = {config.num_clusters}, {config.seeds_per_radius} seeds "
                                         f"per R, T = {config.rounds}")
@@ -248,17 +253,19 @@ def radius_panels(prefix: str, name: str, first: tuple[str, str], round_zero: Ca
                   **common),
             Panel(f"{prefix}b", y="mean_assignment_accuracy", ylabel=r"mean terminal assignment $A_T$",
                   title=title("(b)"), ylim=(-0.03, 1.03), **common),
-            Panel(f"{prefix}c", y="mean_routed_test_loss", ylabel="mean final routed test loss", title=title("(c)"),
-                  **common)]
+            Panel(f"{prefix}c", y="routed_test_loss", ylabel="mean final routed test loss", title=title("(c)"),
+                  **{**common, "data": lambda results: losses_by_method(results.runs, results.references, "radius",
+                                                                        "routed_test_loss")})]
 
 
 def radius_table(results: Results, columns: Sequence[str], greedy_columns: Mapping[str, str]) -> list[pd.DataFrame]:
-    """The printed table: ``columns`` of the summary per R and method, and some Greedy-row columns."""
+    """The printed tables: ``columns`` of the summary per R and method, and some Greedy-row columns; then the mean
+    routed test loss per R of every method beside FedAvg's and Local's."""
     summary = results.summary
     table = summary.pivot(index="radius", columns="method", values=list(columns))
     table.columns = [f"{method}:{column}" for column, method in table.columns]
     greedy = summary[summary["method"] == "greedy"].set_index("radius")
     for name, column in greedy_columns.items():
         table[name] = greedy[column]
-    return [table.reset_index()]
+    return [table.reset_index(), reference_table(results.runs, results.references, "radius", "routed_test_loss")]
 

@@ -32,8 +32,8 @@ from fedroute.core.fedcam import task_uses_output_sum
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.settings import RoutingSettings
 from fedroute.simulation.experiments.kit import (
-    Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, claim, greedy_of_cell, number, register,
-    simulate_fedcam, train_groups_alone)
+    Experiment, ExperimentConfig, Results, RunLosses, StartedTask, Sweep, Variant, claim, greedy_of_cell, number,
+    register, simulate_fedcam, train_groups_alone)
 from fedroute.simulation.fedcam import FedCAMTask
 from fedroute.core.metrics import assignment_accuracy, routed_loss, usable_models
 from fedroute.simulation.plotting import Panel
@@ -238,38 +238,6 @@ SCENARIOS: dict[str, Scenario] = {scenario.name: scenario for scenario in (
 QUICK_SCENARIOS = (*(name for name, scenario in SCENARIOS.items() if scenario.family == "balanced"),
                    "boundaries-p25", "boundaries-minority-noisy", "boundaries-skew")
 """``--quick``: the first suite and the cheap (boundaries) member of three new families."""
-
-
-@dataclass(frozen=True, eq=False)
-class StartedTask:
-    """A task whose initial cluster models are fixed (one start of a cell)."""
-
-    task: Any
-    start_models: NDArray[np.floating]
-
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-    @property
-    def num_clients(self) -> int:
-        return self.task.num_clients
-
-    def clients(self, client_ids: NDArray[np.int64]) -> Any:
-        """The wrapped task's clients."""
-        return self.task.clients(client_ids)
-
-    def __getattr__(self, name: str) -> Any:
-        # FedCAM's output-sum form asks the task for ``initial_global_model`` (where it has one).
-        if name == "initial_global_model":
-            return getattr(self.task, name)
-        raise AttributeError(name)
-
-    def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
-        """The fixed ``W^0`` (``num_clusters`` must be its ``K``)."""
-        if num_clusters != len(self.start_models):
-            raise ValueError(f"this start has {len(self.start_models)} models; asked for {num_clusters}")
-        return self.start_models
 
 
 def _random_models(task: Task, num_clusters: int) -> NDArray[np.floating]:
