@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from fedroute.core.evaluation import evaluation_metrics, task_metrics
+from fedroute.core.methods import ALGORITHM_FEDCAM, ALGORITHM_LOCAL, REGISTRY, method_spec
 from fedroute.core.participation import Participation
 from fedroute.monitoring.alarms import task_starvation_basin
 from fedroute.monitoring.recorder import RunRecorder
@@ -45,14 +46,15 @@ def record_evaluations(recorder: RunRecorder, clients: Any, cluster_models: np.n
 def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder: RunRecorder) -> dict[str, Any]:
     """One method in the simulator, its rounds and evaluations during training recorded; its summary."""
     task, routing = settings.task, settings.routing[method]
-    if method == "local":  # each client's own model: scored as a set of one model per client
+    algorithm = method_spec(method).algorithm
+    if algorithm == ALGORITHM_LOCAL:  # each client's own model: scored as a set of one model per client
         per_client = simulate_local(task, settings.num_rounds)[:, :, None, :]
         record_evaluations(recorder, clients, per_client, settings.evaluate_every)
         final = per_client[-1]
         return run_summary(final.mean(axis=0), clients.losses(final, "train"), clients.losses(final, "test"),
                            clients.groups, np.full((settings.num_rounds, 1), task.num_clients), None,
                            task_metrics(clients, final))
-    if method == "fedcam":
+    if algorithm == ALGORITHM_FEDCAM:
         batch = simulate_fedcam_batch([task], routing, settings.num_rounds, [settings.seed],
                                       on_round=recording(recorder))
         final, routes = batch.cluster_models[-1, 0], batch.routes[:, 0].astype(np.int64)
@@ -68,7 +70,7 @@ def _simulated_method(settings: RunSettings, method: str, clients: Any, recorder
                        getattr(task, "group_parameters", None), task_metrics(clients, final))
 
 
-FULL_PARTICIPATION_METHODS = ("fedcam", "local")
+FULL_PARTICIPATION_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.simulator_full_participation)
 """Methods whose simulator path has every client in every round."""
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.kit import Experiment, Results, Sweep, Variant, by_value, claim, not_run, number, register
 from fedroute.simulation.experiments.radius import (
     METHOD_NAMES, RadiusSweepConfig, alone_convergence, radius_panels, radius_table, run_radius)
@@ -153,7 +154,7 @@ def summarise_init_draws(entrance: str, draws: dict[str, list[int]]) -> dict[str
 
 
 def _notes(results: Results, config: GMMExperimentConfig) -> str:
-    greedy = results.runs[results.runs["method"] == "greedy"]
+    greedy = results.runs[results.runs["method"] == GREEDY]
     starts, K, G = len(greedy), config.num_clusters, config.NUM_GROUPS
     all_used = int((greedy["round0_clusters_used"] == K).sum())
     shared = int((greedy["round0_majority_clusters"] < G).sum())
@@ -202,7 +203,7 @@ def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, 
     methods, G, K, notes = set(runs["method"]), config.NUM_GROUPS, config.num_clusters, _notes(results, config)
     claims = []
     paper = "Greedy IFCA and FedCAM remain vulnerable across the radius sweep."
-    for method in ("greedy", "fedcam"):
+    for method in (GREEDY, FEDCAM):
         text = (f"{METHOD_NAMES[method]} stays vulnerable across the radius sweep: Pr(K_T^eval < {G}) > 0 at every R "
                 f"of {list(config.radii)} (at least one of the {config.seeds_per_radius} runs per R ends with an "
                 f"unused model)")
@@ -219,15 +220,15 @@ def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, 
             "pr_collapse_overall": number(runs.loc[runs["method"] == method, "collapsed"].mean()),
         }, len(with_collapse) == len(rows)))
 
-    exp3 = runs[runs["method"] == "exp3"]
+    exp3 = runs[runs["method"] == EXP3]
     n_cells = len(cells)
-    testable = n_cells > 0 and "exp3" in methods  # the three EXP3 claims compare EXP3 on those cells
+    testable = n_cells > 0 and EXP3 in methods  # the three EXP3 claims compare EXP3 on those cells
     seeds = sorted(int(x) for x in cells["seed"].unique())
     restored = int((cells["exp3_usable_models"] == K).sum()) if testable else 0
     share = restored / n_cells if testable else float("nan")
 
     def mean(column: str) -> Optional[float]:
-        return number(cells[column].mean()) if (testable if column.startswith("exp3") else n_cells) else None
+        return number(cells[column].mean()) if (testable if column.startswith(EXP3) else n_cells) else None
 
     claims.append(claim(
         f"EXP3 usually restores three-group specialisation on the Greedy collapse cells: Pr(K_T^eval = {K}) >= "
@@ -240,7 +241,7 @@ def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, 
             "exp3_mean_assignment_accuracy_on_them": mean("exp3_assignment_accuracy"),
             "greedy_mean_assignment_accuracy_on_them": mean("greedy_assignment_accuracy"),
             "exp3_pr_all_usable_all_cells": number((exp3["usable_models"] == K).mean()),
-            "exp3_pr_all_usable_by_R": by_value(summary, "exp3", "radius", "pr_all_usable"),
+            "exp3_pr_all_usable_by_R": by_value(summary, EXP3, "radius", "pr_all_usable"),
             "notes": notes,
         }, share >= RESTORE_LEVEL if testable else None))
 
@@ -270,26 +271,26 @@ def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, 
             "greedy_mean_eval_test_loss": mean("greedy_eval_test_loss"),
             "exp3_mean_eval_test_loss": mean("exp3_eval_test_loss"),
             "exp3_mean_final_gr_probability_on_them": number(
-                runs[(runs["method"] == "exp3") & runs["greedy_collapse"]]["final_gr_probability"].mean())
+                runs[(runs["method"] == EXP3) & runs["greedy_collapse"]]["final_gr_probability"].mean())
             if testable else None,
         }, free.mean() < 0 if testable else None))
 
     far = config.far_radius
-    std = summary[summary["method"] == "exp3"].set_index("radius")["std_routed_test_loss"]
-    greedy_rates = summary[summary["method"] == "greedy"].sort_values("radius")["pr_collapse"].to_numpy()
-    testable = "exp3" in methods and std.notna().all() and len(std) > 1
+    std = summary[summary["method"] == EXP3].set_index("radius")["std_routed_test_loss"]
+    greedy_rates = summary[summary["method"] == GREEDY].sort_values("radius")["pr_collapse"].to_numpy()
+    testable = EXP3 in methods and std.notna().all() and len(std) > 1
     claims.append(claim(
         f"R_far = {far:g} is a harder recovery regime: the standard deviation over seeds of EXP3's final routed test "
         f"loss is largest at R = {far:g} among the radii",
         "The larger variation at R_far = 12 marks a harder recovery regime rather than a monotone initialization "
         "severity scale.", {
-            "exp3_std_routed_test_loss_by_R": by_value(summary, "exp3", "radius", "std_routed_test_loss"),
-            "exp3_pr_collapse_by_R": by_value(summary, "exp3", "radius", "pr_collapse"),
-            "greedy_pr_collapse_by_R": by_value(summary, "greedy", "radius", "pr_collapse"),
+            "exp3_std_routed_test_loss_by_R": by_value(summary, EXP3, "radius", "std_routed_test_loss"),
+            "exp3_pr_collapse_by_R": by_value(summary, EXP3, "radius", "pr_collapse"),
+            "greedy_pr_collapse_by_R": by_value(summary, GREEDY, "radius", "pr_collapse"),
             "greedy_pr_collapse_monotone_non_decreasing_in_R": bool(np.all(np.diff(greedy_rates) >= 0)),
         }, std.idxmax() == far if testable else None))
 
-    greedy = runs[runs["method"] == "greedy"]
+    greedy = runs[runs["method"] == GREEDY]
     entrance = (greedy["round0_clusters_used"] < K) & (greedy["round0_majority_clusters"] < G)
     claims.append(claim(
         f"Every start is a collapsed entrance: at W^0 the controller-free greedy choices (training losses) leave at "

@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.gmm import summarise_init_draws
 from fedroute.simulation.experiments.kit import (
     Experiment, InputError, Results, Sweep, Variant, by_value, claim, not_run, number, register)
@@ -140,7 +141,7 @@ def _run(config: HousingExperimentConfig, sweep: Sweep) -> Results:
 
 
 def _notes(results: Results, config: HousingExperimentConfig) -> str:
-    greedy = results.runs[results.runs["method"] == "greedy"]
+    greedy = results.runs[results.runs["method"] == GREEDY]
     starts, single = len(greedy), int((greedy["round0_clusters_used"] == 1).sum())
     collapsed = int(greedy["collapsed"].sum())
     from_both = int((greedy["collapsed"] & (greedy["round0_clusters_used"] == config.num_clusters)).sum())
@@ -176,23 +177,23 @@ def housing_claims(results: Results, config: HousingExperimentConfig) -> list[di
     runs, summary, cells, notes = results.runs, results.summary, results.collapse_cells, _notes(results, config)
     methods, K = set(runs["method"]), config.num_clusters
     smallest, largest = min(config.radii), max(config.radii)
-    exp3, n_cells = summary[summary["method"] == "exp3"], len(cells)
+    exp3, n_cells = summary[summary["method"] == EXP3], len(cells)
     claims = [claim(
         f"EXP3 keeps two usable models across the sweep: Pr(K_T^eval = {K}) >= {KEEP_LEVEL} at every R of "
         f"{list(config.radii)}", "EXP3 retains two usable models throughout the tested radius sweep.", {
-            "pr_all_usable_by_R": by_value(summary, "exp3", "radius", "pr_all_usable"),
+            "pr_all_usable_by_R": by_value(summary, EXP3, "radius", "pr_all_usable"),
             "equals_one_at_every_R": bool(len(exp3) and (exp3["pr_all_usable"] == 1).all()),
             "greedy_collapse_cells": n_cells,
             "distinct_seeds_among_them": sorted(int(x) for x in cells["seed"].unique()),
             "exp3_two_usable_on_greedy_collapse_cells": int((cells["exp3_usable_models"] == K).sum())
-            if n_cells and "exp3" in methods else None,
+            if n_cells and EXP3 in methods else None,
             "exp3_minus_greedy_routed_test_loss_on_greedy_collapse_cells": number(
-                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells and "exp3" in methods else None,
+                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells and EXP3 in methods else None,
             "notes": notes,
-        }, (len(exp3) and (exp3["pr_all_usable"] >= KEEP_LEVEL).all()) if "exp3" in methods else None)]
+        }, (len(exp3) and (exp3["pr_all_usable"] >= KEEP_LEVEL).all()) if EXP3 in methods else None)]
 
     paper = "Greedy IFCA and FedCAM increasingly collapse as the initialization radius R grows."
-    for method in ("greedy", "fedcam"):
+    for method in (GREEDY, FEDCAM):
         text = (f"{METHOD_NAMES[method]} collapses more as R grows: Pr(K_T^eval = {K}) at the largest R "
                 f"({largest:g}) < at the smallest R ({smallest:g})")
         if method not in methods:
@@ -211,7 +212,7 @@ def housing_claims(results: Results, config: HousingExperimentConfig) -> list[di
             "runs_per_R": config.seeds_per_radius,
         }, rates[largest] < rates[smallest]))
 
-    greedy = runs[runs["method"] == "greedy"]
+    greedy = runs[runs["method"] == GREEDY]
     entrance = greedy["round0_clusters_used"] == 1
     claims.append(claim(
         "Every start is a collapsed entrance: at W^0 all clients' controller-free greedy choices (training losses) "

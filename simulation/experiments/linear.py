@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.kit import (
     Experiment, MethodSweepConfig, Results, RunLosses, Sweep, by_value, claim, greedy_of_cell, not_run, number,
     register)
@@ -238,7 +239,7 @@ def _summary(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _representative_cell(runs: pd.DataFrame) -> Optional[dict[str, Any]]:
-    greedy = runs[(runs["method"] == "greedy") & runs["greedy_failure"]]
+    greedy = runs[(runs["method"] == GREEDY) & runs["greedy_failure"]]
     for rule, candidates in (("greedy failure with a certified basin", greedy[greedy["basin"]]),
                              ("greedy failure (no failure cell has a certified basin)", greedy)):
         if len(candidates):
@@ -257,14 +258,14 @@ def _representative_rounds(specs: dict[str, SweepSpec], runs: pd.DataFrame,
                            cell: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Re-simulate the representative cell for every method; per-round series and facts."""
     histories = {method: _simulate_alone(spec, cell) for method, spec in specs.items()}
-    task = histories["greedy"][1]
+    task = histories[GREEDY][1]
     theta, proportions = task.group_parameters, task.group_proportions
     clients = task.clients(np.arange(task.num_clients))
-    greedy_models = histories["greedy"][0].cluster_models[:, 0]
+    greedy_models = histories[GREEDY][0].cluster_models[:, 0]
     preferred = int(common_preferred_cluster(greedy_models[0], theta))
-    greedy_counts = histories["greedy"][0].route_counts[:, 0].sum(axis=0)
+    greedy_counts = histories[GREEDY][0].route_counts[:, 0].sum(axis=0)
     weak = 1 - preferred if preferred >= 0 else int(np.argmin(greedy_counts))
-    reference = "exp3" if "exp3" in histories else list(histories)[-1]
+    reference = EXP3 if EXP3 in histories else list(histories)[-1]
     final_weak = histories[reference][0].cluster_models[-1, 0, weak]
     g_star = int(np.argmin(np.linalg.norm(theta - final_weak, axis=1)))
     others = [h for h in range(theta.shape[0]) if h != g_star]
@@ -302,8 +303,8 @@ def _representative_rounds(specs: dict[str, SweepSpec], runs: pd.DataFrame,
 
 def _e3(config: LinearExperimentConfig, runs: pd.DataFrame,
         cell_blocks: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
-    failures = cell_blocks[(cell_blocks["method"] == "exp3") & cell_blocks["greedy_failure"]]
-    exp3_failures = runs[(runs["method"] == "exp3") & runs["greedy_failure"]]
+    failures = cell_blocks[(cell_blocks["method"] == EXP3) & cell_blocks["greedy_failure"]]
+    exp3_failures = runs[(runs["method"] == EXP3) & runs["greedy_failure"]]
 
     def median_of(values: NDArray) -> Optional[float]:
         median = float(np.median(values)) if len(values) else float("nan")
@@ -377,7 +378,7 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
     smallest, largest = min(config.rhos), max(config.rhos)
 
     paper = "Greedy IFCA and FedCAM become less reliable as rho increases."
-    for method, name in (("greedy", "Greedy IFCA"), ("fedcam", "FedCAM")):
+    for method, name in ((GREEDY, "Greedy IFCA"), (FEDCAM, "FedCAM")):
         text = f"{name} loses reliability as rho grows (recovery rate at the largest rho < at the smallest)"
         if method not in set(runs["method"]):
             claims.append(not_run(text, paper, method))
@@ -387,7 +388,7 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
                                           "smallest_rho": smallest, "largest_rho": largest},
                             rates[largest] < rates[smallest]))
 
-    greedy = summary[summary["method"] == "greedy"].sort_values("rho")
+    greedy = summary[summary["method"] == GREEDY].sort_values("rho")
     excess = greedy["recovery_rate"] - greedy["certificate_bound"]
     task = config.linear_task
     claims.append(claim(
@@ -402,7 +403,7 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
                     f"{task.samples_per_client} samples in d = {task.dimension}",
         }, (excess <= 0).all()))
 
-    failures = runs[(runs["method"] == "exp3") & runs["greedy_failure"]]
+    failures = runs[(runs["method"] == EXP3) & runs["greedy_failure"]]
     missed = failures[~failures["recovered"]]
     claims.append(claim(
         "EXP3 recovers every Greedy failure cell (R_T < 0.5 in every cell whose Greedy run has R_T >= 0.5)",
@@ -428,9 +429,9 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
                 m: {"mean": number(g.loc[g["greedy_failure"], "final_weak_mass"].mean()),
                     "zero": int((g.loc[g["greedy_failure"], "final_weak_mass"] == 0).sum())}
                 for m, g in runs.groupby("method")}},
-        "greedy" in mass and "exp3" in mass and np.all(mass["greedy"] == 0) and mass["exp3"][-1] > 0))
+        GREEDY in mass and EXP3 in mass and np.all(mass[GREEDY] == 0) and mass[EXP3][-1] > 0))
 
-    window = rounds[rounds["method"] == "exp3"].tail(config.final_window)
+    window = rounds[rounds["method"] == EXP3].tail(config.final_window)
     beta = float(window["beta_gstar_weak"].mean()) if len(window) else float("nan")
     claims.append(claim(
         f"EXP3's weak-cluster updates become dominated by one group: mean beta_(g*,weak) over the last "
@@ -480,9 +481,9 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
                                          "median_round": e3["median_separation_round"]},
          "gr_probability_by_block": [number(p) for p in gr["probability"]] if have else []},
         median is not None and median <= PAPER_MEDIAN_RECOVERY_BLOCK))
-    if "fedcam" not in set(runs["method"]):
+    if FEDCAM not in set(runs["method"]):
         claims.append(not_run("FedCAM claims (reliability vs rho; no weak-cluster mass)",
-                              "Greedy IFCA and FedCAM become less reliable as rho increases.", "fedcam"))
+                              "Greedy IFCA and FedCAM become less reliable as rho increases.", FEDCAM))
     return claims
 
 
@@ -494,7 +495,7 @@ def _where(tag: str) -> Any:
 
 
 def _bound(ax: Any, results: Results, config: LinearExperimentConfig) -> None:
-    bound = results.summary[results.summary["method"] == "greedy"]
+    bound = results.summary[results.summary["method"] == GREEDY]
     ax.plot(bound["rho"], bound["certificate_bound"], linestyle="--", color="0.3",
             label=r"$1 -$ certified-basin frequency (population certificate)")
 
@@ -505,7 +506,7 @@ def _log_scale(ax: Any, results: Results, config: LinearExperimentConfig) -> Non
 
 
 def _betas(results: Results) -> pd.DataFrame:
-    exp3 = results.rounds[results.rounds["method"] == "exp3"]
+    exp3 = results.rounds[results.rounds["method"] == EXP3]
     return exp3.melt(id_vars="round", value_vars=["beta_gstar_weak", "beta_others_weak"], var_name="series")
 
 
@@ -521,14 +522,14 @@ def _median_block(ax: Any, results: Results, config: LinearExperimentConfig) -> 
         ax.axvline(median, color="0.4", linestyle=":", label=f"median recovery block ({median:g})")
 
 
-_ROUNDS = dict(data="rounds", x="round", xlabel="round $t$", marker=None, styles={"exp3": {"label": "EXP3 {gr, rh}"}})
+_ROUNDS = dict(data="rounds", x="round", xlabel="round $t$", marker=None, styles={EXP3: {"label": "EXP3 {gr, rh}"}})
 EXPERIMENT = register(Experiment(
     name="linear", title="E2/E3, Figures 2(a-d) and B.1: two-group linear regression, 80 clients",
     config=LinearExperimentConfig, run=_run, claims=linear_claims,
     panels=[
         Panel("fig2a", "summary", "rho", "recovery_rate", r"initial spread $\rho$",
               r"recovery rate $\widehat{\Pr}(R_T < 0.5)$", log2_x=True, ylim=(-0.03, 1.03), extra=_bound,
-              styles={"exp3": {"label": "EXP3 {gr, rh}"}},
+              styles={EXP3: {"label": "EXP3 {gr, rh}"}},
               title=lambda results, config: f"(a) {config.seeds_per_rho} cells per ρ, T = {config.rounds}"),
         Panel("fig2b", y="routed_test_loss", ylabel=r"routed test loss $L^{\mathrm{route}}_t$", title=_where("(b)"),
               extra=_log_scale, **_ROUNDS),
@@ -549,7 +550,7 @@ EXPERIMENT = register(Experiment(
                       for kind in ("probability", "fraction")}),
         reference_panel("fig2_references", "rho", "routed_test_loss", r"initial spread $\rho$",
                         r"mean final routed test loss $L^{\mathrm{route}}_{T-1}$", log2_x=True,
-                        styles={"exp3": {"label": "EXP3 {gr, rh}"}},
+                        styles={EXP3: {"label": "EXP3 {gr, rh}"}},
                         title=lambda results, config: f"{config.seeds_per_rho} cells per ρ, T = {config.rounds}, "
                                                       "against FedAvg and Local"),
     ],
@@ -561,10 +562,10 @@ EXPERIMENT = register(Experiment(
 def _recovery_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Recovery rate per ρ and method, the basin and the Greedy failures (EXP3 recovers among them)."""
     table = summary.pivot(index="rho", columns="method", values="recovery_rate").add_prefix("recovery_")
-    greedy = summary[summary["method"] == "greedy"].set_index("rho")
+    greedy = summary[summary["method"] == GREEDY].set_index("rho")
     table["basin"] = greedy["basin"]
     table["greedy_failures"] = greedy["greedy_failures"]
-    if "exp3" in set(summary["method"]):
-        table["exp3_recovered_of_failures"] = summary[summary["method"] == "exp3"].set_index("rho")[
+    if EXP3 in set(summary["method"]):
+        table["exp3_recovered_of_failures"] = summary[summary["method"] == EXP3].set_index("rho")[
             "recovered_among_greedy_failures"]
     return table.reset_index()

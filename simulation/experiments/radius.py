@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.kit import (
     MethodSweepConfig, Results, RunLosses, Sweep, greedy_of_cell, train_groups_alone)
 from fedroute.core.metrics import (
@@ -34,7 +35,7 @@ __all__ = ["RadiusSweepConfig", "RUNS_COLUMNS", "SUMMARY_COLUMNS", "collapse_col
            "run_radius", "radius_results", "radius_summary", "collapse_cells", "alone_convergence", "radius_panels", "radius_table",
            "METHOD_NAMES"]
 
-METHOD_NAMES = {"greedy": "Greedy IFCA", "exp3": "EXP3", "fedcam": "FedCAM"}
+METHOD_NAMES = {GREEDY: "Greedy IFCA", EXP3: "EXP3", FEDCAM: "FedCAM"}
 RUNS_COLUMNS = (
     "method", "radius", "seed", "round0_clusters_used", "round0_eval_clusters", "round0_majority_clusters",
     "round0_attraction", "clusters_updated", "persistent", "usable_models", "train_usable_models", "collapsed",
@@ -176,7 +177,7 @@ def radius_summary(runs: pd.DataFrame, num_groups: int, num_clusters: int) -> pd
 
 def collapse_cells(runs: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
     """The Greedy collapse cells, one row each, with every method's outcome side by side."""
-    cells = runs[(runs["method"] == "greedy") & runs["greedy_collapse"]][
+    cells = runs[(runs["method"] == GREEDY) & runs["greedy_collapse"]][
         ["radius", "seed", "round0_clusters_used", "oracle_test_loss"]]
     table = cells.reset_index(drop=True)
     for method in methods:
@@ -184,7 +185,7 @@ def collapse_cells(runs: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
         part.columns = [f"{method}_{what}" for what in _PER_METHOD]
         table = table.join(part, on=["radius", "seed"])
     for what in ("routed_test_loss", "eval_test_loss"):
-        if "exp3" in methods and "greedy" in methods:
+        if EXP3 in methods and GREEDY in methods:
             table[f"exp3_minus_greedy_{what}"] = table[f"exp3_{what}"] - table[f"greedy_{what}"]
         else:
             table[f"exp3_minus_greedy_{what}"] = np.nan
@@ -194,7 +195,7 @@ def collapse_cells(runs: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
 def _round_zero(runs: pd.DataFrame, num_groups: int, num_clusters: int) -> dict[str, Any]:
     """Round-zero entrance facts per R (from the Greedy rows: ``W^0`` is shared by the methods)."""
     facts = {}
-    for radius, cell in runs[runs["method"] == "greedy"].groupby("radius"):
+    for radius, cell in runs[runs["method"] == GREEDY].groupby("radius"):
         used = cell["round0_clusters_used"]
         facts[f"{radius:g}"] = {
             "starts": int(len(cell)),
@@ -243,12 +244,12 @@ def radius_panels(prefix: str, name: str, first: tuple[str, str], round_zero: Ca
                                         f"per R, T = {config.rounds}")
 
     def entrance(ax: Any, results: Results, config: Any) -> None:
-        greedy = results.summary[results.summary["method"] == "greedy"].set_index("radius")["round0_pr_all_used"]
+        greedy = results.summary[results.summary["method"] == GREEDY].set_index("radius")["round0_pr_all_used"]
         series = round_zero(greedy).sort_index()
         ax.plot(series.index, series.to_numpy(), linestyle="--", color="0.4", marker=".", label=round_zero_label)
 
     common = dict(data="summary", x="radius", xlabel="initialisation radius $R$", xticks=True,
-                  styles={"exp3": {"label": exp3_label}})
+                  styles={EXP3: {"label": exp3_label}})
     return [Panel(f"{prefix}a", y=first[0], ylabel=first[1], title=title("(a)"), ylim=(-0.03, 1.03), extra=entrance,
                   **common),
             Panel(f"{prefix}b", y="mean_assignment_accuracy", ylabel=r"mean terminal assignment $A_T$",
@@ -264,7 +265,7 @@ def radius_table(results: Results, columns: Sequence[str], greedy_columns: Mappi
     summary = results.summary
     table = summary.pivot(index="radius", columns="method", values=list(columns))
     table.columns = [f"{method}:{column}" for column, method in table.columns]
-    greedy = summary[summary["method"] == "greedy"].set_index("radius")
+    greedy = summary[summary["method"] == GREEDY].set_index("radius")
     for name, column in greedy_columns.items():
         table[name] = greedy[column]
     return [table.reset_index(), reference_table(results.runs, results.references, "radius", "routed_test_loss")]
