@@ -371,27 +371,28 @@ TRACKING_TOLERANCE = 0.1
 PAPER_MEDIAN_RECOVERY_BLOCK = 1
 
 
-def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict[str, Any]]:
-    """The E2/E3 claims (``holds`` None: the method was not run)."""
-    runs, summary, rounds, blocks = results.runs, results.summary, results.rounds, results.blocks
-    claims: list[dict[str, Any]] = []
-    smallest, largest = min(config.rhos), max(config.rhos)
+Claim = dict[str, Any]
+_RELIABILITY_PAPER = "Greedy IFCA and FedCAM become less reliable as rho increases."
 
-    paper = "Greedy IFCA and FedCAM become less reliable as rho increases."
-    for method, name in ((GREEDY, "Greedy IFCA"), (FEDCAM, "FedCAM")):
-        text = f"{name} loses reliability as rho grows (recovery rate at the largest rho < at the smallest)"
-        if method not in set(runs["method"]):
-            claims.append(not_run(text, paper, method))
-            continue
-        rates = summary[summary["method"] == method].set_index("rho")["recovery_rate"]
-        claims.append(claim(text, paper, {"recovery_rate_by_rho": by_value(summary, method, "rho", "recovery_rate"),
-                                          "smallest_rho": smallest, "largest_rho": largest},
-                            rates[largest] < rates[smallest]))
 
-    greedy = summary[summary["method"] == GREEDY].sort_values("rho")
+def _loses_reliability(results: Results, config: LinearExperimentConfig, method: str, name: str) -> Claim:
+    """``method``'s recovery rate at the largest ρ is below the one at the smallest."""
+    summary, smallest, largest = results.summary, min(config.rhos), max(config.rhos)
+    text = f"{name} loses reliability as rho grows (recovery rate at the largest rho < at the smallest)"
+    if method not in set(results.runs["method"]):
+        return not_run(text, _RELIABILITY_PAPER, method)
+    rates = summary[summary["method"] == method].set_index("rho")["recovery_rate"]
+    return claim(text, _RELIABILITY_PAPER, {"recovery_rate_by_rho": by_value(summary, method, "rho", "recovery_rate"),
+                                            "smallest_rho": smallest, "largest_rho": largest},
+                 rates[largest] < rates[smallest])
+
+
+def _certificate_bound(results: Results, config: LinearExperimentConfig) -> Claim:
+    """Greedy's recovery rate stays below ``1 − basin frequency`` at every ρ."""
+    greedy = results.summary[results.summary["method"] == GREEDY].sort_values("rho")
     excess = greedy["recovery_rate"] - greedy["certificate_bound"]
     task = config.linear_task
-    claims.append(claim(
+    return claim(
         "Greedy recovery rate <= 1 - certified-basin frequency at every rho (the dashed certificate bound of "
         "panel (a))", "The dashed curve is the certificate based upper bound on Greedy recovery.", {
             "by_rho": {f"{r.rho:g}": {"greedy_recovery": number(r.recovery_rate), "bound": number(r.certificate_bound),
@@ -401,11 +402,15 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
             "max_excess_over_bound": number(excess.max()),
             "note": "the certificate is for population losses; clients route on empirical losses of "
                     f"{task.samples_per_client} samples in d = {task.dimension}",
-        }, (excess <= 0).all()))
+        }, (excess <= 0).all())
 
+
+def _recovers_failures(results: Results, config: LinearExperimentConfig) -> Claim:
+    """EXP3 recovers every Greedy failure cell."""
+    runs = results.runs
     failures = runs[(runs["method"] == EXP3) & runs["greedy_failure"]]
     missed = failures[~failures["recovered"]]
-    claims.append(claim(
+    return claim(
         "EXP3 recovers every Greedy failure cell (R_T < 0.5 in every cell whose Greedy run has R_T >= 0.5)",
         "EXP3 recovers every evaluated Greedy failure cell (147 Greedy failure cells).", {
             "greedy_failure_cells": int(len(failures)),
@@ -413,15 +418,23 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
             "by_rho": {f"{rho:g}": [int(len(g)), int(g["recovered"].sum())] for rho, g in failures.groupby("rho")},
             "unrecovered_cells": [{"rho": float(r.rho), "seed": int(r.seed), "R_T": number(r.recovery_error)}
                                   for r in missed.itertuples()],
-        }, len(failures) > 0 and len(missed) == 0))
+        }, len(failures) > 0 and len(missed) == 0)
 
+
+def _representative_where(results: Results) -> dict[str, Any]:
+    """The representative run's cell and clusters, as the claims about it report them."""
     rep = results.representative_run
-    where = {key: rep.get(key) for key in ("rho", "seed", "rule", "weak_cluster", "g_star")}
-    mass = {m: g["mu_weak"].to_numpy() for m, g in rounds.groupby("method")}
-    claims.append(claim(
+    return {key: rep.get(key) for key in ("rho", "seed", "rule", "weak_cluster", "g_star")}
+
+
+def _restores_weak_mass(results: Results, config: LinearExperimentConfig) -> Claim:
+    """In the representative run only EXP3 gives the weak cluster mass."""
+    runs = results.runs
+    mass = {m: g["mu_weak"].to_numpy() for m, g in results.rounds.groupby("method")}
+    return claim(
         "only EXP3 restores weak-cluster mass (representative run: Greedy mu_weak = 0 in every round, EXP3's final "
         "mu_weak > 0)", "Panel (c) shows that only EXP3 restores weak cluster mass.", {
-            **where,
+            **_representative_where(results),
             "max_mu_weak": {m: number(v.max()) for m, v in mass.items()},
             "final_mu_weak": {m: number(v[-1]) for m, v in mass.items()},
             "rounds_with_weak_activity": {m: int((v > 0).sum()) for m, v in mass.items()},
@@ -429,62 +442,103 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
                 m: {"mean": number(g.loc[g["greedy_failure"], "final_weak_mass"].mean()),
                     "zero": int((g.loc[g["greedy_failure"], "final_weak_mass"] == 0).sum())}
                 for m, g in runs.groupby("method")}},
-        GREEDY in mass and EXP3 in mass and np.all(mass[GREEDY] == 0) and mass[EXP3][-1] > 0))
+        GREEDY in mass and EXP3 in mass and np.all(mass[GREEDY] == 0) and mass[EXP3][-1] > 0)
 
-    window = rounds[rounds["method"] == EXP3].tail(config.final_window)
+
+def _dominated_by_one_group(results: Results, config: LinearExperimentConfig) -> Claim:
+    """EXP3's weak-cluster updates come from one group over the final window."""
+    window = results.rounds[results.rounds["method"] == EXP3].tail(config.final_window)
     beta = float(window["beta_gstar_weak"].mean()) if len(window) else float("nan")
-    claims.append(claim(
+    return claim(
         f"EXP3's weak-cluster updates become dominated by one group: mean beta_(g*,weak) over the last "
         f"{config.final_window} rounds >= {BETA_LEVEL}", "beta_(g*,weak) -> 1 and sum_(h != g*) beta_(h,weak) -> 0.",
-        {**where, "final_window_mean_beta_gstar": number(beta),
+        {**_representative_where(results), "final_window_mean_beta_gstar": number(beta),
          "final_window_mean_beta_others": number(window["beta_others_weak"].mean()) if len(window) else None,
          "final_window_rounds_without_weak_updates": int(window["beta_gstar_weak"].isna().sum())},
-        math.isfinite(beta) and beta >= BETA_LEVEL))
+        math.isfinite(beta) and beta >= BETA_LEVEL)
 
-    e3 = results.e3
-    gr = blocks[blocks["controller"] == "gr"].sort_values("block")
-    have = len(gr) > 0
-    first = float(gr["probability_smoothed"].iloc[0]) if have else float("nan")
-    last = float(gr["probability_smoothed"].iloc[-1]) if have else float("nan")
-    claims.append(claim(
+
+def _greedy_blocks(results: Results) -> tuple[pd.DataFrame, float, float]:
+    """E3's Greedy-controller rows by block, and their first and last smoothed probability (NaN without rows)."""
+    gr = results.blocks[results.blocks["controller"] == "gr"].sort_values("block")
+    if not len(gr):
+        return gr, float("nan"), float("nan")
+    return gr, float(gr["probability_smoothed"].iloc[0]), float(gr["probability_smoothed"].iloc[-1])
+
+
+def _e3_start(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: EXP3 starts with about equal controller probabilities."""
+    blocks, (gr, first, _) = results.blocks, _greedy_blocks(results)
+    return claim(
         f"E3: EXP3 starts near 0.5/0.5 (first-block mean Greedy probability in {list(START_BAND)})",
         "EXP3 begins with approximately equal probability on both controllers.",
-        {"cells": e3["cells"], "first_block_probability": {
+        {"cells": results.e3["cells"], "first_block_probability": {
             c: number(g.sort_values("block")["probability"].iloc[0]) for c, g in blocks.groupby("controller")}},
-        have and START_BAND[0] <= first <= START_BAND[1]))
-    claims.append(claim(
+        len(gr) > 0 and START_BAND[0] <= first <= START_BAND[1])
+
+
+def _e3_rises(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: the Greedy probability rises."""
+    blocks, (gr, first, last) = results.blocks, _greedy_blocks(results)
+    return claim(
         "E3: the Greedy probability rises afterwards (last-block smoothed Greedy probability > first)",
         "After recovery, the mean Greedy probability rises steadily from approximately 0.5 to 0.9, while the Rank "
         "Hedge probability falls to approximately 0.1.",
         {"gr_first_block_smoothed": number(first), "gr_last_block_smoothed": number(last),
-         "gr_max_smoothed": number(gr["probability_smoothed"].max()) if have else None,
+         "gr_max_smoothed": number(gr["probability_smoothed"].max()) if len(gr) else None,
          "last_block_smoothed": {c: number(g.sort_values("block")["probability_smoothed"].iloc[-1])
                                  for c, g in blocks.groupby("controller")}},
-        have and last > first))
+        len(gr) > 0 and last > first)
+
+
+def _e3_tracking(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: the executed fractions track the probabilities."""
+    blocks, have = results.blocks, len(_greedy_blocks(results)[0]) > 0
     gap = (blocks["fraction"] - blocks["probability"]).abs()
     gap_smoothed = (blocks["fraction_smoothed"] - blocks["probability_smoothed"]).abs()
-    claims.append(claim(
+    return claim(
         f"E3: executed selection fractions track the probabilities (mean |fraction - probability| over blocks and "
         f"controllers <= {TRACKING_TOLERANCE}, unsmoothed cell means)",
         "The executed selection fractions closely track these learned probabilities.",
         {"mean_abs_difference": number(gap.mean()) if have else None,
          "max_abs_difference": number(gap.max()) if have else None,
          "mean_abs_difference_smoothed": number(gap_smoothed.mean()) if have else None},
-        have and gap.mean() <= TRACKING_TOLERANCE))
+        have and gap.mean() <= TRACKING_TOLERANCE)
+
+
+def _e3_median_block(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: the median Greedy-failure cell recovers by the paper's block."""
+    e3, gr = results.e3, _greedy_blocks(results)[0]
     median = e3["median_recovery_block"]
-    claims.append(claim(
+    return claim(
         f"E3: the median Greedy-failure cell recovers (under EXP3) by block {PAPER_MEDIAN_RECOVERY_BLOCK} (0-based "
         f"block during which R first drops below {config.recovery_threshold})", "The median cell recovers by block 1.",
         {"median_recovery_block": median, "median_recovery_round": e3["median_recovery_round"],
          "recovery_block_counts": e3["recovery_blocks_histogram"], "cells": e3["cells"],
          "with_threshold_delta_over_4": {"median_block": e3["median_separation_block"],
                                          "median_round": e3["median_separation_round"]},
-         "gr_probability_by_block": [number(p) for p in gr["probability"]] if have else []},
-        median is not None and median <= PAPER_MEDIAN_RECOVERY_BLOCK))
-    if FEDCAM not in set(runs["method"]):
-        claims.append(not_run("FedCAM claims (reliability vs rho; no weak-cluster mass)",
-                              "Greedy IFCA and FedCAM become less reliable as rho increases.", FEDCAM))
-    return claims
+         "gr_probability_by_block": [number(p) for p in gr["probability"]]},
+        median is not None and median <= PAPER_MEDIAN_RECOVERY_BLOCK)
+
+
+def _fedcam_not_run(results: Results, config: LinearExperimentConfig) -> list[Claim]:
+    """The record of the FedCAM claims when FedCAM did not run (none otherwise)."""
+    if FEDCAM in set(results.runs["method"]):
+        return []
+    return [not_run("FedCAM claims (reliability vs rho; no weak-cluster mass)", _RELIABILITY_PAPER, FEDCAM)]
+
+
+LINEAR_CLAIMS: tuple[Callable[[Results, LinearExperimentConfig], Claim], ...] = (
+    partial(_loses_reliability, method=GREEDY, name="Greedy IFCA"),
+    partial(_loses_reliability, method=FEDCAM, name="FedCAM"),
+    _certificate_bound, _recovers_failures, _restores_weak_mass, _dominated_by_one_group,
+    _e3_start, _e3_rises, _e3_tracking, _e3_median_block)
+"""The E2/E3 claims, in the order of ``claims.json``."""
+
+
+def linear_claims(results: Results, config: LinearExperimentConfig) -> list[Claim]:
+    """The E2/E3 claims (``holds`` None: the method was not run)."""
+    return [check(results, config) for check in LINEAR_CLAIMS] + _fedcam_not_run(results, config)
 
 
 def _where(tag: str) -> Any:
