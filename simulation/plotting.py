@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from fedroute.core.methods import REGISTRY
+
 __all__ = ["pyplot", "save_figure", "log2_axis", "Panel", "METHOD_STYLES"]
 
-METHOD_STYLES = {"greedy": {"label": "Greedy IFCA", "color": "tab:red"}, "exp3": {"label": "EXP3", "color": "tab:blue"},
-                 "fedcam": {"label": "FedCAM", "color": "tab:green"},
-                 "sync-entry": {"label": "synchronized entry", "color": "tab:purple"}}
-"""Line style of each method in every figure."""
+METHOD_STYLES = {name: {"label": method.label, "color": method.color} for name, method in REGISTRY.items()}
+"""Line style of each method in every figure (its label and colour in :data:`~fedroute.core.methods.REGISTRY`)."""
 
 
 def pyplot() -> Any:

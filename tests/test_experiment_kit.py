@@ -11,23 +11,27 @@ import pytest
 
 from fedroute import cli
 from fedroute.simulation.experiments import (
-    EXPERIMENTS, PAPER, characters, fig1, gmm, housing, linear, radius, scenarios)
+    EXPERIMENTS, PAPER, characters, fig1, gmm, housing, linear, radius, references, scenarios)
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, InputError, Results, Variant, claim, number, run_experiment, train_groups_alone)
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.results_doc import MARKER, claims_markdown, table_markdown, update_results_doc
 
 TABLES = {
-    "fig1": {"summary": fig1.SUMMARY_COLUMNS, "runs": fig1.RUNS_COLUMNS},
+    "fig1": {"summary": fig1.SUMMARY_COLUMNS, "runs": fig1.RUNS_COLUMNS, "references": fig1.REFERENCES_COLUMNS},
     "linear": {"runs": linear.RUNS_COLUMNS, "summary": linear.SUMMARY_COLUMNS, "rounds": linear.ROUNDS_COLUMNS,
-               "blocks": linear.BLOCKS_COLUMNS, "cell_blocks": linear.CELL_BLOCKS_COLUMNS},
+               "blocks": linear.BLOCKS_COLUMNS, "cell_blocks": linear.CELL_BLOCKS_COLUMNS,
+               "references": ("method", "rho", "seed", *references.RUNS_COLUMNS)},
     "gmm": {"runs": radius.RUNS_COLUMNS, "summary": radius.SUMMARY_COLUMNS,
-            "collapse_cells": radius.collapse_columns(("greedy", "exp3", "fedcam"))},
+            "collapse_cells": radius.collapse_columns(("greedy", "exp3", "fedcam")),
+            "references": ("method", "radius", "seed", *references.RUNS_COLUMNS)},
     "housing": {"runs": radius.RUNS_COLUMNS, "summary": radius.SUMMARY_COLUMNS,
-                "collapse_cells": radius.collapse_columns(("greedy", "exp3", "fedcam"))},
+                "collapse_cells": radius.collapse_columns(("greedy", "exp3", "fedcam")),
+                "references": ("method", "radius", "seed", *references.RUNS_COLUMNS)},
     "characters": {"runs": characters.RUNS_COLUMNS, "recovery": characters.RECOVERY_COLUMNS,
                    "round_zero": ("alpha", "data_seed", "A00", "A01", "A10", "A11", "K0", "paper_pattern"),
-                   "rounds": characters.ROUNDS_COLUMNS},
+                   "rounds": characters.ROUNDS_COLUMNS,
+                   "references": ("method", "alpha", "data_seed", *references.RUNS_COLUMNS)},
     "scenarios": {"runs": scenarios.RUNS_COLUMNS, "summary": ("scenario", "start", "method", *scenarios.RATES_COLUMNS),
                   "methods": ("method", *scenarios.RATES_COLUMNS), "references": scenarios.REFERENCES_COLUMNS},
 }

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,10 +38,11 @@ from fedroute.simulation.experiments.kit import (
 from fedroute.simulation.fedcam import FedCAMTask
 from fedroute.core.metrics import (
     assignment_accuracy, femnist_recovery_levels, group_routing_matrix, usable_models)
+from fedroute.simulation.experiments.references import reference_panel, reference_runs, reference_table
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory, concatenate_clients, simulate_batch
 from fedroute.simulation.sweep import SweepSpec
-from fedroute.core.methods import method_settings
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY, SYNC_ENTRY, method_settings
 from fedroute.tasks.characters import ALPHAS, AUDIT_SEEDS, ENTRY_THRESHOLD, CharactersTask, round_zero_audit
 
 __all__ = ["CharactersExperimentConfig", "METHODS", "RUNS_COLUMNS", "RECOVERY_COLUMNS", "ROUNDS_COLUMNS",
@@ -50,9 +51,9 @@ __all__ = ["CharactersExperimentConfig", "METHODS", "RUNS_COLUMNS", "RECOVERY_CO
 
 LONG_HORIZON_FACTOR = 3
 """``--config long``: ``T`` (and the hysteresis caps) times this factor."""
-METHODS = ("greedy", "fedcam", "exp3", "sync-entry")
+METHODS = (GREEDY, FEDCAM, EXP3, SYNC_ENTRY)
 """The four methods of E4; ``greedy`` and ``fedcam`` have no selector seed."""
-BASELINES = ("greedy", "fedcam")
+BASELINES = (GREEDY, FEDCAM)
 NO_SELECTOR = -1
 """``selector_seed`` of the baselines (they draw nothing)."""
 RUNS_COLUMNS = (
@@ -101,7 +102,7 @@ class CharactersExperimentConfig(ExperimentConfig):
     sync_entry_max_rounds: int = 800
     exp3_max_rounds: int = 160
     methods: tuple[str, ...] = METHODS
-    chunk_sizes: tuple[tuple[str, int], ...] = (("greedy", 18), ("fedcam", 18), ("exp3", 27), ("sync-entry", 27))
+    chunk_sizes: tuple[tuple[str, int], ...] = ((GREEDY, 18), (FEDCAM, 18), (EXP3, 27), (SYNC_ENTRY, 27))
     name: str = "E4-characters"
     version: str = "1"
 
@@ -138,8 +139,8 @@ class CharactersExperimentConfig(ExperimentConfig):
             hysteresis_exit_gap=self.hysteresis_exit_gap, reversal_mass_threshold=self.reversal_mass_threshold,
             entry_threshold=self.entry_threshold, exp3_learning_rate=self.exp3_learning_rate,
             exp3_exploration=self.exp3_exploration)
-        if method in ("sync-entry", "exp3"):
-            overrides["hysteresis_max_rounds"] = (self.sync_entry_max_rounds if method == "sync-entry"
+        if method in (SYNC_ENTRY, EXP3):
+            overrides["hysteresis_max_rounds"] = (self.sync_entry_max_rounds if method == SYNC_ENTRY
                                                   else self.exp3_max_rounds)
         return method_settings(method, preset="characters", **overrides)
 
@@ -152,7 +153,7 @@ class CharactersExperimentConfig(ExperimentConfig):
                 "task_settings": task_settings(partial(make_characters_task, **self.task), self.cells(self.methods[0])),
                 "total_runs": sum(len(self.cells(m)) for m in self.methods),
                 "routing": {m: self.routing(m).to_dict() for m in self.methods}, "kept_model_rounds": self.kept_rounds(),
-                "fedcam": FEDCAM_FORM, "data": "embedded: scikit-learn load_digits (8x8, 1,797 images) for FEMNIST"}
+                FEDCAM: FEDCAM_FORM, "data": "embedded: scikit-learn load_digits (8x8, 1,797 images) for FEMNIST"}
 
 
 def long_horizon(config: CharactersExperimentConfig) -> CharactersExperimentConfig:
@@ -264,7 +265,7 @@ def method_spec(method: str, config: CharactersExperimentConfig, model_rounds: O
                 ) -> SweepSpec:
     """A method of E4 as a sweep spec (FedCAM with its own simulator); ``model_rounds`` defaults to the kept states."""
     kept = config.kept_rounds() if model_rounds is None else list(model_rounds)
-    fedcam = method == "fedcam"
+    fedcam = method == FEDCAM
     return SweepSpec(
         method=method,
         settings=config.routing(method),
@@ -343,7 +344,7 @@ def _representative_rounds(config: CharactersExperimentConfig, runs: pd.DataFram
     return table[list(ROUNDS_COLUMNS)], facts
 
 
-def horizon_check(config: Optional[CharactersExperimentConfig] = None, methods: Sequence[str] = ("sync-entry", "exp3"),
+def horizon_check(config: Optional[CharactersExperimentConfig] = None, methods: Sequence[str] = (SYNC_ENTRY, EXP3),
                   alphas: Optional[Sequence[float]] = None, data_seed: int = 1, selector_seed: int = 0,
                   rounds: int = 2400, every: int = 50) -> pd.DataFrame:
     """Diagnostic (not part of the reproduction): the runs of one data and selector seed (at ``alphas``, default
@@ -380,145 +381,182 @@ def _stretch_start(values: NDArray, level: int) -> Optional[int]:
     return int(differ[-1] + 1) if differ.size else 0
 
 
-def characters_claims(results: Results, config: CharactersExperimentConfig) -> list[dict[str, Any]]:
-    """The E4 claims (``holds`` None: the method was not run)."""
-    runs, recovery, rounds = results.runs, results.recovery, results.rounds
-    methods = set(runs["method"])
-    T = config.rounds
-    claims: list[dict[str, Any]] = []
+Claim = dict[str, Any]
+_REPRESENTATIVE_PAPER = ("Panel (h): synchronized entry raises the assignment accuracy from 1/2 to 0.95 at the final "
+                         "plotted state W^799, while autonomous EXP3 remains at 1/2.")
 
+
+def _stays_one_model(results: Results, config: CharactersExperimentConfig, method: str, name: str) -> Claim:
+    """A baseline ends with one held-out-usable model in every run."""
+    runs, recovery = results.runs, results.recovery
     paper = "Panel (e): Greedy IFCA and FedCAM remain at zero (one usable model at W^800)."
-    for method, name in (("greedy", "Greedy IFCA"), ("fedcam", "FedCAM")):
-        text = f"{name} stays at one usable model: K_te(W^{T}) = 1 in every run"
-        if method not in methods:
-            claims.append(not_run(text, paper, method))
-            continue
-        part = runs[runs["method"] == method]
-        measured: dict[str, Any] = {
-            "pr_two_usable_test_by_alpha": by_value(recovery, method, "alpha", "pr_two_usable_test"),
-            "k_test_histogram": {str(k): int(c) for k, c in part["k_test"].value_counts().sort_index().items()},
-            "k_train_histogram": {str(k): int(c) for k, c in part["k_train"].value_counts().sort_index().items()},
-            "runs_with_both_clusters_ever_updated": int((part["clusters_updated"] == 2).sum()),
-            "k_test_2_already_at_W0": int(((part["k_test"] == 2) & (part["round0_k_test"] == 2)).sum()),
-        }
-        if method == "fedcam":
-            measured["form"] = FEDCAM_FORM
-        claims.append(claim(text, paper, measured,
-                       bool((part["k_test"] == 1).all())))
+    text = f"{name} stays at one usable model: K_te(W^{config.rounds}) = 1 in every run"
+    if method not in set(runs["method"]):
+        return not_run(text, paper, method)
+    part = runs[runs["method"] == method]
+    measured: dict[str, Any] = {
+        "pr_two_usable_test_by_alpha": by_value(recovery, method, "alpha", "pr_two_usable_test"),
+        "k_test_histogram": {str(k): int(c) for k, c in part["k_test"].value_counts().sort_index().items()},
+        "k_train_histogram": {str(k): int(c) for k, c in part["k_train"].value_counts().sort_index().items()},
+        "runs_with_both_clusters_ever_updated": int((part["clusters_updated"] == 2).sum()),
+        "k_test_2_already_at_W0": int(((part["k_test"] == 2) & (part["round0_k_test"] == 2)).sum()),
+    }
+    if method == FEDCAM:
+        measured["form"] = FEDCAM_FORM
+    return claim(text, paper, measured, bool((part["k_test"] == 1).all()))
 
+
+def _sync_entry_recovers_from(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """Synchronized entry has two usable models in every run from α = 0.55."""
+    recovery = results.recovery
     paper = "Synchronized entry reaches a recovery fraction of one from alpha = 0.55 onward."
     text = "Synchronized entry: fraction of runs with K_te(W^T) = 2 equals 1 at every alpha >= 0.55"
-    if "sync-entry" in methods:
-        rates = recovery[recovery["method"] == "sync-entry"].set_index("alpha")["pr_two_usable_test"]
-        upper = rates[rates.index >= 0.55 - 1e-9]
-        claims.append(claim(text, paper, {
-            "pr_two_usable_test_by_alpha": by_value(recovery, "sync-entry", "alpha", "pr_two_usable_test"),
-            "smallest_alpha_from_which_all_recover": next(
-                (float(a) for a in sorted(rates.index) if (rates[rates.index >= a] == 1).all()), None),
-        }, bool(len(upper) and (upper == 1).all())))
-    else:
-        claims.append(not_run(text, paper, "sync-entry"))
+    if SYNC_ENTRY not in set(results.runs["method"]):
+        return not_run(text, paper, SYNC_ENTRY)
+    rates = recovery[recovery["method"] == SYNC_ENTRY].set_index("alpha")["pr_two_usable_test"]
+    upper = rates[rates.index >= 0.55 - 1e-9]
+    return claim(text, paper, {
+        "pr_two_usable_test_by_alpha": by_value(recovery, SYNC_ENTRY, "alpha", "pr_two_usable_test"),
+        "smallest_alpha_from_which_all_recover": next(
+            (float(a) for a in sorted(rates.index) if (rates[rates.index >= a] == 1).all()), None),
+    }, bool(len(upper) and (upper == 1).all()))
 
+
+def _exp3_improves_with_alpha(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """Autonomous EXP3 recovers more often at the largest α than at the smallest."""
+    recovery = results.recovery
     paper = "Autonomous EXP3 improves with alpha (panel e)."
     text = "Autonomous EXP3: fraction with K_te(W^T) = 2 is larger at the largest alpha than at the smallest"
-    if "exp3" in methods:
-        rates = recovery[recovery["method"] == "exp3"].set_index("alpha")["pr_two_usable_test"].sort_index()
-        claims.append(claim(text, paper, {
-            "pr_two_usable_test_by_alpha": by_value(recovery, "exp3", "alpha", "pr_two_usable_test"),
-            "non_decreasing_in_alpha": bool(np.all(np.diff(rates.to_numpy()) >= 0)),
-            "levels": _levels(runs, "exp3"),
-        }, bool(len(rates) > 1 and rates.iloc[-1] > rates.iloc[0])))
-    else:
-        claims.append(not_run(text, paper, "exp3"))
+    if EXP3 not in set(results.runs["method"]):
+        return not_run(text, paper, EXP3)
+    rates = recovery[recovery["method"] == EXP3].set_index("alpha")["pr_two_usable_test"].sort_index()
+    return claim(text, paper, {
+        "pr_two_usable_test_by_alpha": by_value(recovery, EXP3, "alpha", "pr_two_usable_test"),
+        "non_decreasing_in_alpha": bool(np.all(np.diff(rates.to_numpy()) >= 0)),
+        "levels": _levels(results.runs, EXP3),
+    }, bool(len(rates) > 1 and rates.iloc[-1] > rates.iloc[0]))
 
+
+def _sync_entry_joint(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """Synchronized entry's joint recoveries reach the paper's share; the four levels are reported."""
+    runs, methods = results.runs, set(results.runs["method"])
     paper = (f"At W^800, {PAPER_JOINT[0]} of the {PAPER_JOINT[1]} synchronized-entry configurations have two usable "
              "models on both training and held-out data.")
     text = (f"Synchronized entry: at least {PAPER_JOINT[0]}/{PAPER_JOINT[1]} of runs have two usable models on both "
-             "splits at W^T (joint recovery); the four recovery levels are reported")
-    if "sync-entry" in methods:
-        levels = _levels(runs, "sync-entry")
-        part = recovery[recovery["method"] == "sync-entry"].set_index("alpha")
-        claims.append(claim(text, paper, {
-            **levels, "paper_joint": f"{PAPER_JOINT[0]} of {PAPER_JOINT[1]}",
-            "mean_round0_entrants_by_alpha": {
-                f"{a:g}": {"clean": number(t["round0_entrants_clean"].mean()),
-                           "transformed": number(t["round0_entrants_transformed"].mean())}
-                for a, t in runs[runs["method"] == "sync-entry"].groupby("alpha")},
-            "by_alpha": {f"{a:g}": {level: int(part.loc[a, level]) for level in
-                                    ("runs", "training", "joint", "sustained", "exact")} for a in part.index},
-            "other_methods": {m: _levels(runs, m) for m in config.methods if m != "sync-entry" and m in methods},
-        }, bool(levels["runs"] and levels["joint"] / levels["runs"] >= PAPER_JOINT[0] / PAPER_JOINT[1])))
-    else:
-        claims.append(not_run(text, paper, "sync-entry"))
+            "splits at W^T (joint recovery); the four recovery levels are reported")
+    if SYNC_ENTRY not in methods:
+        return not_run(text, paper, SYNC_ENTRY)
+    levels = _levels(runs, SYNC_ENTRY)
+    part = results.recovery[results.recovery["method"] == SYNC_ENTRY].set_index("alpha")
+    return claim(text, paper, {
+        **levels, "paper_joint": f"{PAPER_JOINT[0]} of {PAPER_JOINT[1]}",
+        "mean_round0_entrants_by_alpha": {
+            f"{a:g}": {"clean": number(t["round0_entrants_clean"].mean()),
+                       "transformed": number(t["round0_entrants_transformed"].mean())}
+            for a, t in runs[runs["method"] == SYNC_ENTRY].groupby("alpha")},
+        "by_alpha": {f"{a:g}": {level: int(part.loc[a, level]) for level in
+                                ("runs", "training", "joint", "sustained", "exact")} for a in part.index},
+        "other_methods": {m: _levels(runs, m) for m in config.methods if m != SYNC_ENTRY and m in methods},
+    }, bool(levels["runs"] and levels["joint"] / levels["runs"] >= PAPER_JOINT[0] / PAPER_JOINT[1]))
 
+
+def _round_zero_pattern(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """Both groups prefer cluster 0 at ``W^0`` in every (α, data seed) cell."""
     audit = results.round_zero
-    claims.append(claim(
+    return claim(
         f"Round-zero audit: A^0 = [[1,0],[1,0]] (both groups prefer cluster 0 on training losses at W^0) in all "
         f"{len(audit)} (alpha, data seed) cells",
         "In all 18 cells both groups prefer cluster 0, so A^0 = [[1,0],[1,0]], K_0 = 1.",
         {"cells": int(len(audit)), "paper_pattern": int(audit["paper_pattern"].sum()),
          "K0_histogram": {str(k): int(c) for k, c in audit["K0"].value_counts().sort_index().items()},
          "cells_not_matching": audit.loc[~audit["paper_pattern"], ["alpha", "data_seed"]].to_dict("records")},
-        audit["paper_pattern"].all()))
+        audit["paper_pattern"].all())
 
+
+def _representative(results: Results) -> tuple[str, dict[str, pd.DataFrame]]:
+    """The representative run's description and its per-round table by method."""
     rep = results.representative_run
-    where = f"representative run (alpha = {rep['alpha']:g}, data seed {rep['data_seed']}, selector seed " \
-            f"{rep['selector_seed']})"
-    series = {m: t.sort_values("round") for m, t in rounds.groupby("method")}
-    routed = {m: int((t["route_clusters"].iloc[:-1] == 2).sum()) for m, t in series.items()}
+    where = (f"representative run (alpha = {rep['alpha']:g}, data seed {rep['data_seed']}, selector seed "
+             f"{rep['selector_seed']})")
+    return where, {m: t.sort_values("round") for m, t in results.rounds.groupby("method")}
+
+
+def _routed_both(series: dict[str, pd.DataFrame]) -> dict[str, int]:
+    return {m: int((t["route_clusters"].iloc[:-1] == 2).sum()) for m, t in series.items()}
+
+
+def _sync_entry_routes_both(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """The representative run: synchronized entry updates both models in every round."""
+    (where, series), T = _representative(results), config.rounds
     paper = ("Panel (f): synchronized entry routes updates to both models throughout the 800 rounds, autonomous "
              "EXP3 does so in 798 rounds, and the baselines use one model.")
     text = f"{where}: synchronized entry routes to both models in every round t = 0..{T - 1}"
-    if "sync-entry" in series:
-        claims.append(claim(text, paper, {"rounds_both_routed": routed, "rounds": T},
-                       bool(routed["sync-entry"] == T)))
-    else:
-        claims.append(not_run(text, paper, "sync-entry"))
+    if SYNC_ENTRY not in series:
+        return not_run(text, paper, SYNC_ENTRY)
+    routed = _routed_both(series)
+    return claim(text, paper, {"rounds_both_routed": routed, "rounds": T}, bool(routed[SYNC_ENTRY] == T))
 
+
+def _sync_entry_keeps_two(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """The representative run: synchronized entry reaches two training-usable models and keeps them."""
+    where, series = _representative(results)
     paper = ("Panel (g): autonomous EXP3 remains at one usable model, whereas synchronized entry reaches two at "
              "W^612 and retains both through the plotted horizon.")
-    text = f"{where}: synchronized entry reaches K_tr(W^t) = 2 at some t and keeps it through W^{T}"
-    if "sync-entry" in series:
-        measured = {}
-        for method, table in series.items():
-            k = table["k_train"].to_numpy()
-            reached = np.nonzero(k == 2)[0]
-            measured[method] = {"first_t_with_k_train_2": int(reached[0]) if reached.size else None,
-                                "kept_from_t": _stretch_start(k, 2), "max_k_train": int(k.max()),
-                                "k_train_final": int(k[-1]), "k_test_final": int(table["k_test"].iloc[-1])}
-        claims.append(claim(text, paper, measured,
-                       measured["sync-entry"]["kept_from_t"] is not None))
-    else:
-        claims.append(not_run(text, paper, "sync-entry"))
+    text = f"{where}: synchronized entry reaches K_tr(W^t) = 2 at some t and keeps it through W^{config.rounds}"
+    if SYNC_ENTRY not in series:
+        return not_run(text, paper, SYNC_ENTRY)
+    measured = {}
+    for method, table in series.items():
+        k = table["k_train"].to_numpy()
+        reached = np.nonzero(k == 2)[0]
+        measured[method] = {"first_t_with_k_train_2": int(reached[0]) if reached.size else None,
+                            "kept_from_t": _stretch_start(k, 2), "max_k_train": int(k.max()),
+                            "k_train_final": int(k[-1]), "k_test_final": int(table["k_test"].iloc[-1])}
+    return claim(text, paper, measured, measured[SYNC_ENTRY]["kept_from_t"] is not None)
 
-    paper = ("Panel (h): synchronized entry raises the assignment accuracy from 1/2 to 0.95 at the final plotted "
-             "state W^799, while autonomous EXP3 remains at 1/2.")
+
+def _sync_entry_accuracy(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """The representative run: synchronized entry's final training-split assignment accuracy."""
+    (where, series), T = _representative(results), config.rounds
     text = (f"{where}: synchronized entry's training-split assignment accuracy at W^{T - 1} is "
-             f"{PAPER_FINAL_ACCURACY} ± {ACCURACY_TOLERANCE} (from 1/2 at W^0)")
-    if "sync-entry" in series:
-        measured = {method: {"A_0": number(t["accuracy_train"].iloc[0]),
-                             f"A_{T - 1}": number(t["accuracy_train"].iloc[-2]),
-                             f"A_{T}": number(t["accuracy_train"].iloc[-1]),
-                             f"A_test_{T}": number(t["accuracy_test"].iloc[-1]),
-                             "max_A": number(t["accuracy_train"].max())} for method, t in series.items()}
-        final = float(series["sync-entry"]["accuracy_train"].iloc[-2])
-        claims.append(claim(text, paper, measured,
-                       bool(abs(final - PAPER_FINAL_ACCURACY) <= ACCURACY_TOLERANCE + 1e-12)))
-    else:
-        claims.append(not_run(text, paper, "sync-entry"))
+            f"{PAPER_FINAL_ACCURACY} ± {ACCURACY_TOLERANCE} (from 1/2 at W^0)")
+    if SYNC_ENTRY not in series:
+        return not_run(text, _REPRESENTATIVE_PAPER, SYNC_ENTRY)
+    measured = {method: {"A_0": number(t["accuracy_train"].iloc[0]),
+                         f"A_{T - 1}": number(t["accuracy_train"].iloc[-2]),
+                         f"A_{T}": number(t["accuracy_train"].iloc[-1]),
+                         f"A_test_{T}": number(t["accuracy_test"].iloc[-1]),
+                         "max_A": number(t["accuracy_train"].max())} for method, t in series.items()}
+    final = float(series[SYNC_ENTRY]["accuracy_train"].iloc[-2])
+    return claim(text, _REPRESENTATIVE_PAPER, measured,
+                 bool(abs(final - PAPER_FINAL_ACCURACY) <= ACCURACY_TOLERANCE + 1e-12))
 
+
+def _exp3_stays_one_model(results: Results, config: CharactersExperimentConfig) -> Claim:
+    """The representative run: autonomous EXP3 never has two training-usable models."""
+    where, series = _representative(results)
     text = f"{where}: autonomous EXP3 stays at one usable model (K_tr(W^t) = 1 for every t) and A_t = 1/2"
-    if "exp3" in series:
-        table = series["exp3"]
-        claims.append(claim(text, paper.replace("Panel (h)", "Panels (g, h)"), {
-            "max_k_train": int(table["k_train"].max()), "rounds_with_k_train_2": int((table["k_train"] == 2).sum()),
-            "max_accuracy_train": number(table["accuracy_train"].max()),
-            "rounds_both_routed": routed["exp3"],
-        }, bool((table["k_train"] == 1).all() and (table["accuracy_train"] == 0.5).all())))
-    else:
-        claims.append(not_run(text, paper, "exp3"))
-    return claims
+    paper = _REPRESENTATIVE_PAPER.replace("Panel (h)", "Panels (g, h)")
+    if EXP3 not in series:
+        return not_run(text, _REPRESENTATIVE_PAPER, EXP3)
+    table = series[EXP3]
+    return claim(text, paper, {
+        "max_k_train": int(table["k_train"].max()), "rounds_with_k_train_2": int((table["k_train"] == 2).sum()),
+        "max_accuracy_train": number(table["accuracy_train"].max()),
+        "rounds_both_routed": _routed_both(series)[EXP3],
+    }, bool((table["k_train"] == 1).all() and (table["accuracy_train"] == 0.5).all()))
 
+
+CHARACTERS_CLAIMS: tuple[Callable[[Results, CharactersExperimentConfig], Claim], ...] = (
+    partial(_stays_one_model, method=GREEDY, name="Greedy IFCA"), partial(_stays_one_model, method=FEDCAM, name="FedCAM"),
+    _sync_entry_recovers_from, _exp3_improves_with_alpha, _sync_entry_joint, _round_zero_pattern,
+    _sync_entry_routes_both, _sync_entry_keeps_two, _sync_entry_accuracy, _exp3_stays_one_model)
+"""The E4 claims, in the order of ``claims.json``."""
+
+
+def characters_claims(results: Results, config: CharactersExperimentConfig) -> list[Claim]:
+    """The E4 claims (``holds`` None: the method was not run)."""
+    return [check(results, config) for check in CHARACTERS_CLAIMS]
 
 
 def _run(config: CharactersExperimentConfig, sweep: Sweep) -> Results:
@@ -528,8 +566,10 @@ def _run(config: CharactersExperimentConfig, sweep: Sweep) -> Results:
     runs = pd.concat(tables, ignore_index=True)[list(RUNS_COLUMNS)]
     audit = round_zero_audit(config.alphas, config.data_seeds, task=CharactersTask(**config.task))
     rounds, representative = _representative_rounds(config, runs)
-    return Results({"runs": runs, "recovery": _recovery(runs), "round_zero": audit, "rounds": rounds},
-                   representative_run=representative)
+    references = reference_runs(sweep, partial(make_characters_task, **config.task), config.rounds, 2,
+                                config.cells(BASELINES[0]), ("alpha", "data_seed"), dict(config.chunk_sizes)[GREEDY])
+    return Results({"runs": runs, "recovery": _recovery(runs), "round_zero": audit, "rounds": rounds,
+                    "references": references}, representative_run=representative)
 
 
 def _panel_e_table(results: Results) -> pd.DataFrame:
@@ -538,11 +578,11 @@ def _panel_e_table(results: Results) -> pd.DataFrame:
     recovery, runs = results.recovery, results.runs
     table = recovery.pivot(index="alpha", columns="method", values="pr_two_usable_test")
     table = table[[m for m in dict.fromkeys(recovery["method"])]]
-    for method in ("exp3", "sync-entry"):
+    for method in (EXP3, SYNC_ENTRY):
         part = recovery[recovery["method"] == method].set_index("alpha")
         if len(part):
             table[f"{method} joint"] = [f"{j}/{n}" for j, n in zip(part["joint"], part["runs"])]
-    sync = runs[runs["method"] == "sync-entry"]
+    sync = runs[runs["method"] == SYNC_ENTRY]
     if len(sync):
         table["sync-entry entrants"] = sync.groupby("alpha")["round0_entrants_transformed"].mean()
     return table.reset_index()
@@ -555,8 +595,8 @@ def _levels_table(results: Results) -> pd.DataFrame:
     return totals.reset_index()
 
 
-_STYLES = {"exp3": {"label": "autonomous EXP3 {gr, hys}", "offset": 0.015}, "greedy": {"offset": -0.045},
-           "fedcam": {"offset": -0.015}, "sync-entry": {"offset": 0.045}}
+_STYLES = {EXP3: {"label": "autonomous EXP3 {gr, hys}", "offset": 0.015}, GREEDY: {"offset": -0.045},
+           FEDCAM: {"offset": -0.015}, SYNC_ENTRY: {"offset": 0.045}}
 
 
 def _where(tag: str, offset: bool = True) -> Any:
@@ -586,9 +626,15 @@ EXPERIMENT = register(Experiment(
         Panel("fig2g", y="k_train", ylabel=r"$K_{\mathrm{tr}}(W^t)$ (training-loss usability)", title=_where("(g)"),
               styles=_STYLES, ylim=(-0.2, 2.3), **_ROUNDS),
         Panel("fig2h", y="accuracy_train", ylabel=r"assignment accuracy $A_t$ (training)",
-              title=_where("(h)", offset=False), styles={"exp3": _STYLES["exp3"] | {"offset": 0.0}},
+              title=_where("(h)", offset=False), styles={EXP3: _STYLES[EXP3] | {"offset": 0.0}},
               ylim=(0.4, 1.03), **_ROUNDS),
+        reference_panel("fig2_references", "alpha", "eval_test_loss", r"interpolation $\alpha$ of the unused model",
+                        r"mean held-out loss at $W^T$ (each client at its best model)", xticks=True,
+                        styles={EXP3: _STYLES[EXP3] | {"offset": 0.0}},
+                        title=lambda results, config: f"held-out loss at $W^{{{config.rounds}}}$ against FedAvg and "
+                                                      "Local"),
     ],
-    show=lambda results: [_panel_e_table(results), _levels_table(results)],
+    show=lambda results: [_panel_e_table(results), _levels_table(results),
+                          reference_table(results.runs, results.references, "alpha", "eval_test_loss")],
     variants={"long": Variant("T = 2400, H_max 2400 / 480 (the grid of the paper's T = 800)", long_horizon)},
 ))

@@ -5,8 +5,10 @@ models follow :func:`~fedroute.simulation.population.greedy_population_dynamics`
 For each ``ρ``, ``pairs`` starts ``w_k^0 = θ̄ + ρ z_k`` are drawn from
 ``generator(seed, 0, rho_index, Purpose.INIT)`` and we count ``common`` preference, the certified
 ``basin``, ``persistent`` collapse, ``nonrecovery`` (``R_T ≥ Δ/4``) and ``persistent_given_basin``
-(Theorem 2 says 1).  Tables (docs/experiments.md): ``summary`` (one row per ρ) and ``runs`` (per
-ρ cell, with the counts behind the frequencies).  One vectorised process.
+(Theorem 2 says 1).  Tables (docs/experiments.md): ``summary`` (one row per ρ), ``runs`` (per
+ρ cell, with the counts behind the frequencies) and ``references`` (per reference method and ρ: the same
+population dynamics for one global model, FedAvg, from ``w_0^0``, and for each group training its own model
+alone from ``w_0^0``, Local).  One vectorised process.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import FEDAVG, GREEDY, LOCAL
 from fedroute.core.randomness import Purpose, generator
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, Sweep, claim, number, register)
 from fedroute.core.metrics import (
     certified_starvation_basin, common_preferred_cluster, persistent_collapse, recovery_error)
-from fedroute.simulation.plotting import Panel
+from fedroute.simulation.plotting import METHOD_STYLES, Panel
 from fedroute.simulation.population import greedy_population_dynamics
 from fedroute.tasks.linear import LinearTask
 
-__all__ = ["Fig1Config", "SUMMARY_COLUMNS", "RUNS_COLUMNS", "FREQUENCIES", "cell_outcomes", "run_fig1",
-           "fig1_claims", "EXPERIMENT"]
+__all__ = ["Fig1Config", "SUMMARY_COLUMNS", "RUNS_COLUMNS", "REFERENCES_COLUMNS", "FREQUENCIES", "cell_outcomes",
+           "run_fig1", "reference_outcomes", "run_references", "fig1_claims", "EXPERIMENT"]
 
 SUMMARY_COLUMNS = ("rho", "n_inits", "common", "basin", "persistent", "nonrecovery", "persistent_given_basin")
 FREQUENCIES = ("common", "basin", "persistent", "nonrecovery")
@@ -39,6 +42,7 @@ RUNS_COLUMNS = SUMMARY_COLUMNS + (
     "n_common_escaped", "n_persistent_outside_basin", "n_nonrecovery_not_persistent",
     "mean_recovery_error", "median_recovery_error",
 )
+REFERENCES_COLUMNS = ("method", "rho", "n_inits", "nonrecovery", "mean_recovery_error", "median_recovery_error")
 MONOTONE_TOLERANCE = 0.02
 LARGEST_RHO_LEVEL = 0.80
 TRACKING_TOLERANCE = 0.1
@@ -101,6 +105,30 @@ def cell_outcomes(config: Fig1Config, rho_index: int) -> dict[str, NDArray]:
         "nonrecovery": error >= config.group_distance / 4.0,
         "recovery_error": error,
     }
+
+
+def reference_outcomes(config: Fig1Config, rho_index: int) -> dict[str, NDArray[np.float64]]:
+    """``R_T`` per pair of the references from ``w_0^0`` of cell ``rho_index``, each of shape (pairs,): ``fedavg``,
+    one model on both groups' mass (the one model in both roles of ``R``); ``local``, each group's own model trained
+    on that group alone."""
+    theta, start = config.theta, config.initial_models(rho_index)[:, :1]
+    shared = greedy_population_dynamics(start, theta, config.alpha, config.eta, config.rounds)[0]
+    own = np.concatenate([greedy_population_dynamics(start, theta[[g, g]], 1.0, config.eta, config.rounds)[0]
+                          for g in range(len(theta))], axis=1)  # the group's whole mass on its own model
+    return {FEDAVG: np.asarray(recovery_error(np.repeat(shared, len(theta), axis=1), theta), dtype=float),
+            LOCAL: np.asarray(recovery_error(own, theta), dtype=float)}
+
+
+def run_references(config: Fig1Config) -> pd.DataFrame:
+    """The ``references`` table: per reference method and ρ, the non-recovery frequency (``R_T ≥ Δ/4``) and
+    ``R_T``'s mean and median."""
+    outcomes = [reference_outcomes(config, rho_index) for rho_index in range(len(config.rhos))]
+    return pd.DataFrame([{"method": method, "rho": rho, "n_inits": config.pairs,
+                          "nonrecovery": float((out[method] >= config.group_distance / 4.0).mean()),
+                          "mean_recovery_error": float(out[method].mean()),
+                          "median_recovery_error": float(np.median(out[method]))}
+                         for method in (FEDAVG, LOCAL) for rho, out in zip(config.rhos, outcomes)],
+                        columns=list(REFERENCES_COLUMNS))
 
 
 def _cell_row(config: Fig1Config, rho_index: int) -> dict[str, Any]:
@@ -178,11 +206,29 @@ def fig1_claims(summary: pd.DataFrame) -> list[dict[str, Any]]:
 
 def _run(config: Fig1Config, sweep: Sweep) -> Results:
     table = run_fig1(config, progress=sweep.progress)
-    return Results({"summary": table[list(SUMMARY_COLUMNS)], "runs": table})
+    return Results({"summary": table[list(SUMMARY_COLUMNS)], "runs": table, "references": run_references(config)})
 
 
 def _frequencies(results: Results) -> pd.DataFrame:
     return results.summary.melt(id_vars="rho", value_vars=list(FREQUENCIES), var_name="frequency")
+
+
+def _reference_lines(ax: Any, results: Results, config: Fig1Config) -> None:
+    """The references' non-recovery frequency (thin lines in the methods' colours)."""
+    for method, part in results.references.groupby("method", sort=False):
+        style = METHOD_STYLES[method]
+        ax.plot(part["rho"], part["nonrecovery"], linewidth=1.0, marker=".",
+                **{**style, "label": f"{style['label']}: non-recovery"})
+
+
+def _reference_table(results: Results) -> pd.DataFrame:
+    """Per ρ, Greedy's non-recovery and mean ``R_T`` beside the references'."""
+    greedy = results.runs.assign(method=GREEDY)[list(REFERENCES_COLUMNS)]
+    rows = pd.concat([greedy, results.references], ignore_index=True)
+    table = rows.pivot(index="rho", columns="method", values=["nonrecovery", "mean_recovery_error"])
+    table.columns = [f"{method}:{column}" for column, method in table.columns]
+    order = [f"{m}:{c}" for c in ("nonrecovery", "mean_recovery_error") for m in dict.fromkeys(rows["method"])]
+    return table[order].reset_index()
 
 
 EXPERIMENT = register(Experiment(
@@ -198,6 +244,7 @@ EXPERIMENT = register(Experiment(
                           "marker": "s"},
                 "persistent": {"label": "persistent greedy collapse", "linestyle": "-.", "marker": "^"},
                 "nonrecovery": {"label": r"terminal non-recovery $R_T \geq \Delta/4$", "linestyle": ":",
-                                "marker": "v"}})],
-    show=lambda results: [results.summary],
+                                "marker": "v"}},
+        extra=_reference_lines)],
+    show=lambda results: [results.summary, _reference_table(results)],
 ))

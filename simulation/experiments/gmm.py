@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache, partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.kit import Experiment, Results, Sweep, Variant, by_value, claim, not_run, number, register
 from fedroute.simulation.experiments.radius import (
     METHOD_NAMES, RadiusSweepConfig, alone_convergence, radius_panels, radius_table, run_radius)
@@ -153,7 +154,7 @@ def summarise_init_draws(entrance: str, draws: dict[str, list[int]]) -> dict[str
 
 
 def _notes(results: Results, config: GMMExperimentConfig) -> str:
-    greedy = results.runs[results.runs["method"] == "greedy"]
+    greedy = results.runs[results.runs["method"] == GREEDY]
     starts, K, G = len(greedy), config.num_clusters, config.NUM_GROUPS
     all_used = int((greedy["round0_clusters_used"] == K).sum())
     shared = int((greedy["round0_majority_clusters"] < G).sum())
@@ -196,102 +197,134 @@ def _run(config: GMMExperimentConfig, sweep: Sweep) -> Results:
     return results
 
 
-def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, Any]]:
-    """The E5 claims."""
-    runs, summary, cells = results.runs, results.summary, results.collapse_cells
-    methods, G, K, notes = set(runs["method"]), config.NUM_GROUPS, config.num_clusters, _notes(results, config)
-    claims = []
+Claim = dict[str, Any]
+
+
+def _stays_vulnerable(results: Results, config: GMMExperimentConfig, method: str) -> Claim:
+    """``method`` ends with an unused model in at least one run at every R."""
+    runs, summary, G = results.runs, results.summary, config.NUM_GROUPS
     paper = "Greedy IFCA and FedCAM remain vulnerable across the radius sweep."
-    for method in ("greedy", "fedcam"):
-        text = (f"{METHOD_NAMES[method]} stays vulnerable across the radius sweep: Pr(K_T^eval < {G}) > 0 at every R "
-                f"of {list(config.radii)} (at least one of the {config.seeds_per_radius} runs per R ends with an "
-                f"unused model)")
-        if method not in methods:
-            claims.append(not_run(text, paper, method))
-            continue
-        rows = summary[summary["method"] == method].sort_values("radius")
-        with_collapse = rows.loc[rows["pr_collapse"] > 0, "radius"].tolist()
-        claims.append(claim(text, paper, {
-            "pr_collapse_by_R": by_value(summary, method, "radius", "pr_collapse"),
-            "collapsed_runs_by_R": {f"{r.radius:g}": int(round(r.pr_collapse * r.runs)) for r in rows.itertuples()},
-            "radii_with_collapse": [float(r) for r in with_collapse],
-            "radii_with_collapse_count": f"{len(with_collapse)} of {len(rows)}",
-            "pr_collapse_overall": number(runs.loc[runs["method"] == method, "collapsed"].mean()),
-        }, len(with_collapse) == len(rows)))
+    text = (f"{METHOD_NAMES[method]} stays vulnerable across the radius sweep: Pr(K_T^eval < {G}) > 0 at every R "
+            f"of {list(config.radii)} (at least one of the {config.seeds_per_radius} runs per R ends with an "
+            f"unused model)")
+    if method not in set(runs["method"]):
+        return not_run(text, paper, method)
+    rows = summary[summary["method"] == method].sort_values("radius")
+    with_collapse = rows.loc[rows["pr_collapse"] > 0, "radius"].tolist()
+    return claim(text, paper, {
+        "pr_collapse_by_R": by_value(summary, method, "radius", "pr_collapse"),
+        "collapsed_runs_by_R": {f"{r.radius:g}": int(round(r.pr_collapse * r.runs)) for r in rows.itertuples()},
+        "radii_with_collapse": [float(r) for r in with_collapse],
+        "radii_with_collapse_count": f"{len(with_collapse)} of {len(rows)}",
+        "pr_collapse_overall": number(runs.loc[runs["method"] == method, "collapsed"].mean()),
+    }, len(with_collapse) == len(rows))
 
-    exp3 = runs[runs["method"] == "exp3"]
-    n_cells = len(cells)
-    testable = n_cells > 0 and "exp3" in methods  # the three EXP3 claims compare EXP3 on those cells
-    seeds = sorted(int(x) for x in cells["seed"].unique())
-    restored = int((cells["exp3_usable_models"] == K).sum()) if testable else 0
+
+class _CollapseCells(NamedTuple):
+    """The Greedy collapse cells as the EXP3 claims read them (``testable``: there are some and EXP3 ran)."""
+
+    cells: pd.DataFrame
+    testable: bool
+    seeds: list[int]
+
+    def mean(self, column: str) -> Optional[float]:
+        """Mean of a ``collapse_cells`` column over the cells (None without cells, or without EXP3 for its own)."""
+        have = self.testable if column.startswith(EXP3) else len(self.cells)
+        return number(self.cells[column].mean()) if have else None
+
+
+def _collapse_cells(results: Results) -> _CollapseCells:
+    cells = results.collapse_cells
+    return _CollapseCells(cells, len(cells) > 0 and EXP3 in set(results.runs["method"]),
+                          sorted(int(x) for x in cells["seed"].unique()))
+
+
+def _restores_specialisation(results: Results, config: GMMExperimentConfig) -> Claim:
+    """EXP3 keeps every model usable on most Greedy collapse cells."""
+    view, K, G = _collapse_cells(results), config.num_clusters, config.NUM_GROUPS
+    cells, n_cells, testable = view.cells, len(view.cells), view.testable
+    restored = int((cells[f"{EXP3}_usable_models"] == K).sum()) if testable else 0
     share = restored / n_cells if testable else float("nan")
-
-    def mean(column: str) -> Optional[float]:
-        return number(cells[column].mean()) if (testable if column.startswith("exp3") else n_cells) else None
-
-    claims.append(claim(
+    return claim(
         f"EXP3 usually restores three-group specialisation on the Greedy collapse cells: Pr(K_T^eval = {K}) >= "
         f"{RESTORE_LEVEL} over the cells whose Greedy run ends with K_T^eval < {G}",
         "EXP3 usually restores three group specialization.", {
-            "greedy_collapse_cells": n_cells, "distinct_seeds_among_them": seeds,
+            "greedy_collapse_cells": n_cells, "distinct_seeds_among_them": view.seeds,
             "exp3_all_usable_among_them": restored, "share": number(share),
-            "by_R": {f"{r:g}": [int(len(g)), int((g["exp3_usable_models"] == K).sum())]
+            "by_R": {f"{r:g}": [int(len(g)), int((g[f"{EXP3}_usable_models"] == K).sum())]
                      for r, g in cells.groupby("radius")} if testable else None,
-            "exp3_mean_assignment_accuracy_on_them": mean("exp3_assignment_accuracy"),
-            "greedy_mean_assignment_accuracy_on_them": mean("greedy_assignment_accuracy"),
-            "exp3_pr_all_usable_all_cells": number((exp3["usable_models"] == K).mean()),
-            "exp3_pr_all_usable_by_R": by_value(summary, "exp3", "radius", "pr_all_usable"),
-            "notes": notes,
-        }, share >= RESTORE_LEVEL if testable else None))
+            "exp3_mean_assignment_accuracy_on_them": view.mean(f"{EXP3}_assignment_accuracy"),
+            "greedy_mean_assignment_accuracy_on_them": view.mean(f"{GREEDY}_assignment_accuracy"),
+            "exp3_pr_all_usable_all_cells": number((results.runs.loc[results.runs["method"] == EXP3, "usable_models"]
+                                                    == K).mean()),
+            "exp3_pr_all_usable_by_R": by_value(results.summary, EXP3, "radius", "pr_all_usable"),
+            "notes": _notes(results, config),
+        }, share >= RESTORE_LEVEL if testable else None)
 
-    difference = cells["exp3_minus_greedy_routed_test_loss"] if testable else pd.Series(dtype=float)
-    claims.append(claim(
+
+def _lowers_routed_loss(results: Results, config: GMMExperimentConfig) -> Claim:
+    """EXP3's routed loss is below Greedy's on the Greedy collapse cells, on average."""
+    view = _collapse_cells(results)
+    difference = view.cells["exp3_minus_greedy_routed_test_loss"] if view.testable else pd.Series(dtype=float)
+    return claim(
         "EXP3 lowers the routed loss on the Greedy collapse cells: mean over those cells of (EXP3 - Greedy) final "
         "routed test loss L^route_{T-1} < 0",
         "EXP3 substantially reduces routed loss on the Greedy collapse cells.", {
-            "greedy_collapse_cells": n_cells, "distinct_seeds_among_them": seeds,
-            "mean_difference": number(difference.mean()) if testable else None,
-            "median_difference": number(difference.median()) if testable else None,
+            "greedy_collapse_cells": len(view.cells), "distinct_seeds_among_them": view.seeds,
+            "mean_difference": number(difference.mean()) if view.testable else None,
+            "median_difference": number(difference.median()) if view.testable else None,
             "cells_where_exp3_lower": int((difference < 0).sum()),
-            "greedy_mean_routed_test_loss": mean("greedy_routed_test_loss"),
-            "exp3_mean_routed_test_loss": mean("exp3_routed_test_loss"),
-            "oracle_mean_test_loss": mean("oracle_test_loss"),
-            "controller_free_mean_difference": mean("exp3_minus_greedy_eval_test_loss"),
-            "notes": notes,
-        }, difference.mean() < 0 if testable else None))
-    free = cells["exp3_minus_greedy_eval_test_loss"] if testable else pd.Series(dtype=float)
-    claims.append(claim(
+            "greedy_mean_routed_test_loss": view.mean(f"{GREEDY}_routed_test_loss"),
+            "exp3_mean_routed_test_loss": view.mean(f"{EXP3}_routed_test_loss"),
+            "oracle_mean_test_loss": view.mean("oracle_test_loss"),
+            "controller_free_mean_difference": view.mean("exp3_minus_greedy_eval_test_loss"),
+            "notes": _notes(results, config),
+        }, difference.mean() < 0 if view.testable else None)
+
+
+def _lowers_controller_free_loss(results: Results, config: GMMExperimentConfig) -> Claim:
+    """(secondary) EXP3's controller-free held-out loss is below Greedy's on the collapse cells, on average."""
+    view, runs = _collapse_cells(results), results.runs
+    free = view.cells["exp3_minus_greedy_eval_test_loss"] if view.testable else pd.Series(dtype=float)
+    return claim(
         "(secondary metric) EXP3 lowers the controller-free held-out loss on the Greedy collapse cells: mean over "
         "those cells of (EXP3 - Greedy) mean_i min_k held-out loss at W^T < 0 (the executed routed loss above "
         "also counts EXP3's exploratory Rank Hedge routes of the last round)",
         "EXP3 substantially reduces routed loss on the Greedy collapse cells.", {
-            "greedy_collapse_cells": n_cells, "mean_difference": number(free.mean()) if testable else None,
+            "greedy_collapse_cells": len(view.cells), "mean_difference": number(free.mean()) if view.testable else None,
             "cells_where_exp3_lower": int((free < 0).sum()),
-            "greedy_mean_eval_test_loss": mean("greedy_eval_test_loss"),
-            "exp3_mean_eval_test_loss": mean("exp3_eval_test_loss"),
+            "greedy_mean_eval_test_loss": view.mean(f"{GREEDY}_eval_test_loss"),
+            "exp3_mean_eval_test_loss": view.mean(f"{EXP3}_eval_test_loss"),
             "exp3_mean_final_gr_probability_on_them": number(
-                runs[(runs["method"] == "exp3") & runs["greedy_collapse"]]["final_gr_probability"].mean())
-            if testable else None,
-        }, free.mean() < 0 if testable else None))
+                runs[(runs["method"] == EXP3) & runs["greedy_collapse"]]["final_gr_probability"].mean())
+            if view.testable else None,
+        }, free.mean() < 0 if view.testable else None)
 
-    far = config.far_radius
-    std = summary[summary["method"] == "exp3"].set_index("radius")["std_routed_test_loss"]
-    greedy_rates = summary[summary["method"] == "greedy"].sort_values("radius")["pr_collapse"].to_numpy()
-    testable = "exp3" in methods and std.notna().all() and len(std) > 1
-    claims.append(claim(
+
+def _far_radius_harder(results: Results, config: GMMExperimentConfig) -> Claim:
+    """EXP3's routed loss varies most over the seeds at ``R_far``."""
+    summary, far = results.summary, config.far_radius
+    std = summary[summary["method"] == EXP3].set_index("radius")["std_routed_test_loss"]
+    greedy_rates = summary[summary["method"] == GREEDY].sort_values("radius")["pr_collapse"].to_numpy()
+    testable = EXP3 in set(results.runs["method"]) and std.notna().all() and len(std) > 1
+    return claim(
         f"R_far = {far:g} is a harder recovery regime: the standard deviation over seeds of EXP3's final routed test "
         f"loss is largest at R = {far:g} among the radii",
         "The larger variation at R_far = 12 marks a harder recovery regime rather than a monotone initialization "
         "severity scale.", {
-            "exp3_std_routed_test_loss_by_R": by_value(summary, "exp3", "radius", "std_routed_test_loss"),
-            "exp3_pr_collapse_by_R": by_value(summary, "exp3", "radius", "pr_collapse"),
-            "greedy_pr_collapse_by_R": by_value(summary, "greedy", "radius", "pr_collapse"),
+            "exp3_std_routed_test_loss_by_R": by_value(summary, EXP3, "radius", "std_routed_test_loss"),
+            "exp3_pr_collapse_by_R": by_value(summary, EXP3, "radius", "pr_collapse"),
+            "greedy_pr_collapse_by_R": by_value(summary, GREEDY, "radius", "pr_collapse"),
             "greedy_pr_collapse_monotone_non_decreasing_in_R": bool(np.all(np.diff(greedy_rates) >= 0)),
-        }, std.idxmax() == far if testable else None))
+        }, std.idxmax() == far if testable else None)
 
-    greedy = runs[runs["method"] == "greedy"]
+
+def _collapsed_entrances(results: Results, config: GMMExperimentConfig) -> Claim:
+    """Every start leaves a model unused and has two groups on one plurality cluster."""
+    K, G = config.num_clusters, config.NUM_GROUPS
+    greedy = results.runs[results.runs["method"] == GREEDY]
     entrance = (greedy["round0_clusters_used"] < K) & (greedy["round0_majority_clusters"] < G)
-    claims.append(claim(
+    return claim(
         f"Every start is a collapsed entrance: at W^0 the controller-free greedy choices (training losses) leave at "
         f"least one of the {K} models unused (K^0 < {K}) and two groups share a plurality cluster",
         "A collapsed entrance sends several groups to the same cluster and leaves another unused (Section 4; the GMM "
@@ -300,19 +333,32 @@ def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[dict[str, 
             "shared_majority_starts": int((greedy["round0_majority_clusters"] < G).sum()),
             "by_R": results.round_zero,
             "init_draws": {key: results.init_draws[key] for key in ("entrance", "summary_by_R", "total", "max")},
-            "notes": notes,
-        }, entrance.all()))
+            "notes": _notes(results, config),
+        }, entrance.all())
 
+
+def _no_under_training(results: Results, config: GMMExperimentConfig) -> Claim:
+    """One model trained alone from ``ū(R_far)`` reaches its group's oracle within ``T``."""
     check = results.convergence_check
-    claims.append(claim(
-        f"T = {config.rounds} leaves no under-training confound: from u_bar(R = {far:g}) one model trained alone on "
-        f"its own group for T rounds ends within {ALONE_TOLERANCE} nats of that group's oracle training loss, for "
-        f"every seed and group",
+    return claim(
+        f"T = {config.rounds} leaves no under-training confound: from u_bar(R = {config.far_radius:g}) one model "
+        f"trained alone on its own group for T rounds ends within {ALONE_TOLERANCE} nats of that group's oracle "
+        f"training loss, for every seed and group",
         "EXPERIMENTS E5: pick T and the learning rate so that one model started at the largest radius and trained "
         "alone on its own group converges within T.",
         {k: check[k] for k in ("max_excess", "median_excess", "min_cross_group_gap", "rounds")},
-        check["max_excess"] is not None and check["max_excess"] < ALONE_TOLERANCE))
-    return claims
+        check["max_excess"] is not None and check["max_excess"] < ALONE_TOLERANCE)
+
+
+GMM_CLAIMS: tuple[Callable[[Results, GMMExperimentConfig], Claim], ...] = (
+    partial(_stays_vulnerable, method=GREEDY), partial(_stays_vulnerable, method=FEDCAM), _restores_specialisation,
+    _lowers_routed_loss, _lowers_controller_free_loss, _far_radius_harder, _collapsed_entrances, _no_under_training)
+"""The E5 claims, in the order of ``claims.json``."""
+
+
+def gmm_claims(results: Results, config: GMMExperimentConfig) -> list[Claim]:
+    """The E5 claims."""
+    return [check(results, config) for check in GMM_CLAIMS]
 
 
 EXPERIMENT = register(Experiment(

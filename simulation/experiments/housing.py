@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.gmm import summarise_init_draws
 from fedroute.simulation.experiments.kit import (
     Experiment, InputError, Results, Sweep, Variant, by_value, claim, not_run, number, register)
@@ -140,7 +141,7 @@ def _run(config: HousingExperimentConfig, sweep: Sweep) -> Results:
 
 
 def _notes(results: Results, config: HousingExperimentConfig) -> str:
-    greedy = results.runs[results.runs["method"] == "greedy"]
+    greedy = results.runs[results.runs["method"] == GREEDY]
     starts, single = len(greedy), int((greedy["round0_clusters_used"] == 1).sum())
     collapsed = int(greedy["collapsed"].sum())
     from_both = int((greedy["collapsed"] & (greedy["round0_clusters_used"] == config.num_clusters)).sum())
@@ -171,49 +172,56 @@ def _sign_test(wins: int, losses: int) -> float:
     return min(1.0, 2.0 * (sum(math.comb(total, k) for k in range(min(wins, losses) + 1)) / 2.0 ** total))
 
 
-def housing_claims(results: Results, config: HousingExperimentConfig) -> list[dict[str, Any]]:
-    """The E6 claims."""
-    runs, summary, cells, notes = results.runs, results.summary, results.collapse_cells, _notes(results, config)
-    methods, K = set(runs["method"]), config.num_clusters
-    smallest, largest = min(config.radii), max(config.radii)
-    exp3, n_cells = summary[summary["method"] == "exp3"], len(cells)
-    claims = [claim(
+Claim = dict[str, Any]
+
+
+def _keeps_two_models(results: Results, config: HousingExperimentConfig) -> Claim:
+    """EXP3 keeps both models usable in most runs at every R."""
+    runs, summary, cells, K = results.runs, results.summary, results.collapse_cells, config.num_clusters
+    exp3, n_cells, ran = summary[summary["method"] == EXP3], len(cells), EXP3 in set(runs["method"])
+    return claim(
         f"EXP3 keeps two usable models across the sweep: Pr(K_T^eval = {K}) >= {KEEP_LEVEL} at every R of "
         f"{list(config.radii)}", "EXP3 retains two usable models throughout the tested radius sweep.", {
-            "pr_all_usable_by_R": by_value(summary, "exp3", "radius", "pr_all_usable"),
+            "pr_all_usable_by_R": by_value(summary, EXP3, "radius", "pr_all_usable"),
             "equals_one_at_every_R": bool(len(exp3) and (exp3["pr_all_usable"] == 1).all()),
             "greedy_collapse_cells": n_cells,
             "distinct_seeds_among_them": sorted(int(x) for x in cells["seed"].unique()),
-            "exp3_two_usable_on_greedy_collapse_cells": int((cells["exp3_usable_models"] == K).sum())
-            if n_cells and "exp3" in methods else None,
+            "exp3_two_usable_on_greedy_collapse_cells": int((cells[f"{EXP3}_usable_models"] == K).sum())
+            if n_cells and ran else None,
             "exp3_minus_greedy_routed_test_loss_on_greedy_collapse_cells": number(
-                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells and "exp3" in methods else None,
-            "notes": notes,
-        }, (len(exp3) and (exp3["pr_all_usable"] >= KEEP_LEVEL).all()) if "exp3" in methods else None)]
+                cells["exp3_minus_greedy_routed_test_loss"].mean()) if n_cells and ran else None,
+            "notes": _notes(results, config),
+        }, (len(exp3) and (exp3["pr_all_usable"] >= KEEP_LEVEL).all()) if ran else None)
 
+
+def _collapses_more(results: Results, config: HousingExperimentConfig, method: str) -> Claim:
+    """``method`` has both models usable less often at the largest R than at the smallest."""
+    runs, summary, K = results.runs, results.summary, config.num_clusters
+    smallest, largest = min(config.radii), max(config.radii)
     paper = "Greedy IFCA and FedCAM increasingly collapse as the initialization radius R grows."
-    for method in ("greedy", "fedcam"):
-        text = (f"{METHOD_NAMES[method]} collapses more as R grows: Pr(K_T^eval = {K}) at the largest R "
-                f"({largest:g}) < at the smallest R ({smallest:g})")
-        if method not in methods:
-            claims.append(not_run(text, paper, method))
-            continue
-        rates = summary[summary["method"] == method].set_index("radius")["pr_all_usable"].sort_index()
-        mine = runs[runs["method"] == method].pivot(index="seed", columns="radius", values="usable_models")
-        worse = int(((mine[smallest] == K) & (mine[largest] < K)).sum())
-        better = int(((mine[smallest] < K) & (mine[largest] == K)).sum())
-        claims.append(claim(text, paper, {
-            "pr_all_usable_by_R": by_value(summary, method, "radius", "pr_all_usable"),
-            "non_increasing_in_R": bool(np.all(np.diff(rates.to_numpy()) <= 0)),
-            "paired_seeds": {"two_usable_at_smallest_collapsed_at_largest": worse,
-                             "collapsed_at_smallest_two_usable_at_largest": better,
-                             "sign_test_p_two_sided": number(_sign_test(worse, better))},
-            "runs_per_R": config.seeds_per_radius,
-        }, rates[largest] < rates[smallest]))
+    text = (f"{METHOD_NAMES[method]} collapses more as R grows: Pr(K_T^eval = {K}) at the largest R "
+            f"({largest:g}) < at the smallest R ({smallest:g})")
+    if method not in set(runs["method"]):
+        return not_run(text, paper, method)
+    rates = summary[summary["method"] == method].set_index("radius")["pr_all_usable"].sort_index()
+    mine = runs[runs["method"] == method].pivot(index="seed", columns="radius", values="usable_models")
+    worse = int(((mine[smallest] == K) & (mine[largest] < K)).sum())
+    better = int(((mine[smallest] < K) & (mine[largest] == K)).sum())
+    return claim(text, paper, {
+        "pr_all_usable_by_R": by_value(summary, method, "radius", "pr_all_usable"),
+        "non_increasing_in_R": bool(np.all(np.diff(rates.to_numpy()) <= 0)),
+        "paired_seeds": {"two_usable_at_smallest_collapsed_at_largest": worse,
+                         "collapsed_at_smallest_two_usable_at_largest": better,
+                         "sign_test_p_two_sided": number(_sign_test(worse, better))},
+        "runs_per_R": config.seeds_per_radius,
+    }, rates[largest] < rates[smallest])
 
-    greedy = runs[runs["method"] == "greedy"]
+
+def _collapsed_entrances(results: Results, config: HousingExperimentConfig) -> Claim:
+    """Every start has all clients on the same model at ``W^0``."""
+    greedy = results.runs[results.runs["method"] == GREEDY]
     entrance = greedy["round0_clusters_used"] == 1
-    claims.append(claim(
+    return claim(
         "Every start is a collapsed entrance: at W^0 all clients' controller-free greedy choices (training losses) "
         "are the same model (K^0 = 1)",
         "The collapse-and-recovery experiments start from a collapsed entrance (Section 4: a collapsed entrance "
@@ -221,16 +229,30 @@ def housing_claims(results: Results, config: HousingExperimentConfig) -> list[di
         {"starts": int(len(greedy)), "fully_collapsed_starts": int(entrance.sum()), "share": number(entrance.mean()),
          "by_R": results.round_zero,
          "init_draws": {key: results.init_draws[key] for key in ("entrance", "summary_by_R", "total", "max")},
-         "notes": notes}, entrance.all()))
+         "notes": _notes(results, config)}, entrance.all())
+
+
+def _small_under_training(results: Results, config: HousingExperimentConfig) -> Claim:
+    """One model trained alone from ``ū(R_max)`` ends closer to its oracle than the cross-group gap."""
     check = results.convergence_check
-    claims.append(claim(
-        f"T = {config.rounds} keeps under-training small: from u_bar(R = {largest:g}) one model trained alone on its "
-        f"own group for T rounds ends with excess training loss below the cross-group gap L_g(beta*_h) - "
-        f"L_g(beta*_g), for every seed and group",
+    return claim(
+        f"T = {config.rounds} keeps under-training small: from u_bar(R = {max(config.radii):g}) one model trained "
+        f"alone on its own group for T rounds ends with excess training loss below the cross-group gap "
+        f"L_g(beta*_h) - L_g(beta*_g), for every seed and group",
         "EXPERIMENTS E6 / task docstring: T >= 1000 and R <= 2 keep under-training small against the group gap.",
         {k: check[k] for k in ("max_excess_by_group", "median_excess_by_group", "max_excess_over_gap", "rounds")},
-        check["max_excess_over_gap"] is not None and check["max_excess_over_gap"] < 1))
-    return claims
+        check["max_excess_over_gap"] is not None and check["max_excess_over_gap"] < 1)
+
+
+HOUSING_CLAIMS: tuple[Callable[[Results, HousingExperimentConfig], Claim], ...] = (
+    _keeps_two_models, partial(_collapses_more, method=GREEDY), partial(_collapses_more, method=FEDCAM),
+    _collapsed_entrances, _small_under_training)
+"""The E6 claims, in the order of ``claims.json``."""
+
+
+def housing_claims(results: Results, config: HousingExperimentConfig) -> list[Claim]:
+    """The E6 claims."""
+    return [check(results, config) for check in HOUSING_CLAIMS]
 
 
 EXPERIMENT = register(Experiment(

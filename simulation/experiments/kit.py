@@ -25,6 +25,7 @@ from typing import get_args, get_origin, get_type_hints
 
 import numpy as np
 import pandas as pd
+from numpy.typing import NDArray
 
 from fedroute.simulation.fedcam import FedCAMTask, simulate_fedcam_batch
 from fedroute.simulation.plotting import Panel
@@ -32,12 +33,12 @@ from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepArgs, SweepSpec, run_sweeps
 from fedroute.simulation.workers import ChunkRunner
 from fedroute.core.aggregation import hard_update
-from fedroute.core.methods import method_settings
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY, method_settings
 
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
            "register",
            "claim", "not_run", "number", "by_value", "greedy_of_cell", "method_spec", "simulate_fedcam", "task_settings", "RunLosses",
-           "train_groups_alone", "run_experiment", "InputError"]
+           "train_groups_alone", "StartedTask", "run_experiment", "InputError"]
 
 PAPER = "paper"
 EXPERIMENTS: dict[str, "Experiment"] = {}
@@ -74,7 +75,7 @@ def by_value(table: pd.DataFrame, method: str, key: str, column: str) -> dict[st
 
 def greedy_of_cell(table: pd.DataFrame, keys: Sequence[str], column: str) -> np.ndarray:
     """Per row of a sweep's table, ``column`` of the Greedy run of the same cell (cells identified by ``keys``)."""
-    greedy = table[table["method"] == "greedy"].set_index(list(keys))[column]
+    greedy = table[table["method"] == GREEDY].set_index(list(keys))[column]
     return greedy.reindex(pd.MultiIndex.from_frame(table[list(keys)])).to_numpy()
 
 
@@ -173,7 +174,7 @@ def method_spec(method: str, preset: str, num_rounds: int, make_task: Callable, 
     (FedCAM with its own simulator)."""
     spec = SweepSpec(method=method, settings=method_settings(method, preset=preset, **overrides),
                      num_rounds=num_rounds, make_task=make_task, reduce=reduce)
-    return replace(spec, simulate=simulate_fedcam) if method == "fedcam" else spec
+    return replace(spec, simulate=simulate_fedcam) if method == FEDCAM else spec
 
 
 def task_settings(make_task: Callable[[dict[str, Any]], Any], cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -193,7 +194,7 @@ class MethodSweepConfig(ExperimentConfig):
 
     PRESET: ClassVar[str] = ""
     RULES = dict(first_seed="≥ 0", rounds="≥ 1", num_clusters="≥ 1", block_length="",
-                 methods=("greedy", "exp3", "fedcam"), chunk_size="≥ 1")
+                 methods=(GREEDY, EXP3, FEDCAM), chunk_size="≥ 1")
 
     first_seed: int = 0
     rounds: int = 100
@@ -201,12 +202,12 @@ class MethodSweepConfig(ExperimentConfig):
     block_length: int = 10
     exp3_learning_rate: float = 2.0
     exp3_exploration: float = 0.001
-    methods: tuple[str, ...] = ("greedy", "exp3", "fedcam")
+    methods: tuple[str, ...] = (GREEDY, EXP3, FEDCAM)
     chunk_size: int = 10
     task: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        self.check([("greedy" in self.methods, "methods", self.methods, "a sequence including 'greedy'")])
+        self.check([(GREEDY in self.methods, "methods", self.methods, f"a sequence including {GREEDY!r}")])
         self.task_factory()(self.cells()[0])  # the task validates its own settings (no data is read)
         self.specs()                          # and the routing its own
 
@@ -234,6 +235,38 @@ class Results:
         if name not in merged:
             raise AttributeError(name)
         return merged[name]
+
+
+@dataclass(frozen=True, eq=False)
+class StartedTask:
+    """A task whose initial cluster models are fixed (one start of a cell)."""
+
+    task: Any
+    start_models: NDArray[np.floating]
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    @property
+    def num_clients(self) -> int:
+        return self.task.num_clients
+
+    def clients(self, client_ids: NDArray[np.int64]) -> Any:
+        """The wrapped task's clients."""
+        return self.task.clients(client_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        # FedCAM's output-sum form asks the task for ``initial_global_model`` (where it has one).
+        if name == "initial_global_model":
+            return getattr(self.task, name)
+        raise AttributeError(name)
+
+    def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
+        """The fixed ``W^0`` (``num_clusters`` must be its ``K``)."""
+        if num_clusters != len(self.start_models):
+            raise ValueError(f"this start has {len(self.start_models)} models; asked for {num_clusters}")
+        return self.start_models
 
 
 class RunLosses:

@@ -25,12 +25,14 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.kit import (
     Experiment, MethodSweepConfig, Results, RunLosses, Sweep, by_value, claim, greedy_of_cell, not_run, number,
     register)
 from fedroute.core.metrics import (
     assignment_accuracy, certified_starvation_basin, common_preferred_cluster, composition, group_routing_matrix,
     persistent_collapse, recovery_error, routed_loss, usable_models, weak_cluster_mass)
+from fedroute.simulation.experiments.references import reference_panel, reference_runs, reference_table
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory
 from fedroute.simulation.sweep import SweepSpec
@@ -237,7 +239,7 @@ def _summary(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _representative_cell(runs: pd.DataFrame) -> Optional[dict[str, Any]]:
-    greedy = runs[(runs["method"] == "greedy") & runs["greedy_failure"]]
+    greedy = runs[(runs["method"] == GREEDY) & runs["greedy_failure"]]
     for rule, candidates in (("greedy failure with a certified basin", greedy[greedy["basin"]]),
                              ("greedy failure (no failure cell has a certified basin)", greedy)):
         if len(candidates):
@@ -256,14 +258,14 @@ def _representative_rounds(specs: dict[str, SweepSpec], runs: pd.DataFrame,
                            cell: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Re-simulate the representative cell for every method; per-round series and facts."""
     histories = {method: _simulate_alone(spec, cell) for method, spec in specs.items()}
-    task = histories["greedy"][1]
+    task = histories[GREEDY][1]
     theta, proportions = task.group_parameters, task.group_proportions
     clients = task.clients(np.arange(task.num_clients))
-    greedy_models = histories["greedy"][0].cluster_models[:, 0]
+    greedy_models = histories[GREEDY][0].cluster_models[:, 0]
     preferred = int(common_preferred_cluster(greedy_models[0], theta))
-    greedy_counts = histories["greedy"][0].route_counts[:, 0].sum(axis=0)
+    greedy_counts = histories[GREEDY][0].route_counts[:, 0].sum(axis=0)
     weak = 1 - preferred if preferred >= 0 else int(np.argmin(greedy_counts))
-    reference = "exp3" if "exp3" in histories else list(histories)[-1]
+    reference = EXP3 if EXP3 in histories else list(histories)[-1]
     final_weak = histories[reference][0].cluster_models[-1, 0, weak]
     g_star = int(np.argmin(np.linalg.norm(theta - final_weak, axis=1)))
     others = [h for h in range(theta.shape[0]) if h != g_star]
@@ -301,8 +303,8 @@ def _representative_rounds(specs: dict[str, SweepSpec], runs: pd.DataFrame,
 
 def _e3(config: LinearExperimentConfig, runs: pd.DataFrame,
         cell_blocks: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
-    failures = cell_blocks[(cell_blocks["method"] == "exp3") & cell_blocks["greedy_failure"]]
-    exp3_failures = runs[(runs["method"] == "exp3") & runs["greedy_failure"]]
+    failures = cell_blocks[(cell_blocks["method"] == EXP3) & cell_blocks["greedy_failure"]]
+    exp3_failures = runs[(runs["method"] == EXP3) & runs["greedy_failure"]]
 
     def median_of(values: NDArray) -> Optional[float]:
         median = float(np.median(values)) if len(values) else float("nan")
@@ -356,8 +358,11 @@ def _run(config: LinearExperimentConfig, sweep: Sweep) -> Results:
         rounds, facts = _representative_rounds(specs, runs, representative)
         representative.update(facts)
     blocks, e3 = _e3(config, runs, cell_blocks)
+    references = reference_runs(sweep, config.task_factory(), config.rounds, config.num_clusters, config.cells(),
+                                ("rho", "seed"), config.chunk_size)
     return Results({"runs": runs, "summary": _summary(runs), "rounds": rounds, "blocks": blocks,
-                    "cell_blocks": cell_blocks}, representative_run=representative or {}, e3=e3)
+                    "cell_blocks": cell_blocks, "references": references},
+                   representative_run=representative or {}, e3=e3)
 
 
 BETA_LEVEL = 0.9
@@ -366,27 +371,28 @@ TRACKING_TOLERANCE = 0.1
 PAPER_MEDIAN_RECOVERY_BLOCK = 1
 
 
-def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict[str, Any]]:
-    """The E2/E3 claims (``holds`` None: the method was not run)."""
-    runs, summary, rounds, blocks = results.runs, results.summary, results.rounds, results.blocks
-    claims: list[dict[str, Any]] = []
-    smallest, largest = min(config.rhos), max(config.rhos)
+Claim = dict[str, Any]
+_RELIABILITY_PAPER = "Greedy IFCA and FedCAM become less reliable as rho increases."
 
-    paper = "Greedy IFCA and FedCAM become less reliable as rho increases."
-    for method, name in (("greedy", "Greedy IFCA"), ("fedcam", "FedCAM")):
-        text = f"{name} loses reliability as rho grows (recovery rate at the largest rho < at the smallest)"
-        if method not in set(runs["method"]):
-            claims.append(not_run(text, paper, method))
-            continue
-        rates = summary[summary["method"] == method].set_index("rho")["recovery_rate"]
-        claims.append(claim(text, paper, {"recovery_rate_by_rho": by_value(summary, method, "rho", "recovery_rate"),
-                                          "smallest_rho": smallest, "largest_rho": largest},
-                            rates[largest] < rates[smallest]))
 
-    greedy = summary[summary["method"] == "greedy"].sort_values("rho")
+def _loses_reliability(results: Results, config: LinearExperimentConfig, method: str, name: str) -> Claim:
+    """``method``'s recovery rate at the largest ρ is below the one at the smallest."""
+    summary, smallest, largest = results.summary, min(config.rhos), max(config.rhos)
+    text = f"{name} loses reliability as rho grows (recovery rate at the largest rho < at the smallest)"
+    if method not in set(results.runs["method"]):
+        return not_run(text, _RELIABILITY_PAPER, method)
+    rates = summary[summary["method"] == method].set_index("rho")["recovery_rate"]
+    return claim(text, _RELIABILITY_PAPER, {"recovery_rate_by_rho": by_value(summary, method, "rho", "recovery_rate"),
+                                            "smallest_rho": smallest, "largest_rho": largest},
+                 rates[largest] < rates[smallest])
+
+
+def _certificate_bound(results: Results, config: LinearExperimentConfig) -> Claim:
+    """Greedy's recovery rate stays below ``1 − basin frequency`` at every ρ."""
+    greedy = results.summary[results.summary["method"] == GREEDY].sort_values("rho")
     excess = greedy["recovery_rate"] - greedy["certificate_bound"]
     task = config.linear_task
-    claims.append(claim(
+    return claim(
         "Greedy recovery rate <= 1 - certified-basin frequency at every rho (the dashed certificate bound of "
         "panel (a))", "The dashed curve is the certificate based upper bound on Greedy recovery.", {
             "by_rho": {f"{r.rho:g}": {"greedy_recovery": number(r.recovery_rate), "bound": number(r.certificate_bound),
@@ -396,11 +402,15 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
             "max_excess_over_bound": number(excess.max()),
             "note": "the certificate is for population losses; clients route on empirical losses of "
                     f"{task.samples_per_client} samples in d = {task.dimension}",
-        }, (excess <= 0).all()))
+        }, (excess <= 0).all())
 
-    failures = runs[(runs["method"] == "exp3") & runs["greedy_failure"]]
+
+def _recovers_failures(results: Results, config: LinearExperimentConfig) -> Claim:
+    """EXP3 recovers every Greedy failure cell."""
+    runs = results.runs
+    failures = runs[(runs["method"] == EXP3) & runs["greedy_failure"]]
     missed = failures[~failures["recovered"]]
-    claims.append(claim(
+    return claim(
         "EXP3 recovers every Greedy failure cell (R_T < 0.5 in every cell whose Greedy run has R_T >= 0.5)",
         "EXP3 recovers every evaluated Greedy failure cell (147 Greedy failure cells).", {
             "greedy_failure_cells": int(len(failures)),
@@ -408,15 +418,23 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
             "by_rho": {f"{rho:g}": [int(len(g)), int(g["recovered"].sum())] for rho, g in failures.groupby("rho")},
             "unrecovered_cells": [{"rho": float(r.rho), "seed": int(r.seed), "R_T": number(r.recovery_error)}
                                   for r in missed.itertuples()],
-        }, len(failures) > 0 and len(missed) == 0))
+        }, len(failures) > 0 and len(missed) == 0)
 
+
+def _representative_where(results: Results) -> dict[str, Any]:
+    """The representative run's cell and clusters, as the claims about it report them."""
     rep = results.representative_run
-    where = {key: rep.get(key) for key in ("rho", "seed", "rule", "weak_cluster", "g_star")}
-    mass = {m: g["mu_weak"].to_numpy() for m, g in rounds.groupby("method")}
-    claims.append(claim(
+    return {key: rep.get(key) for key in ("rho", "seed", "rule", "weak_cluster", "g_star")}
+
+
+def _restores_weak_mass(results: Results, config: LinearExperimentConfig) -> Claim:
+    """In the representative run only EXP3 gives the weak cluster mass."""
+    runs = results.runs
+    mass = {m: g["mu_weak"].to_numpy() for m, g in results.rounds.groupby("method")}
+    return claim(
         "only EXP3 restores weak-cluster mass (representative run: Greedy mu_weak = 0 in every round, EXP3's final "
         "mu_weak > 0)", "Panel (c) shows that only EXP3 restores weak cluster mass.", {
-            **where,
+            **_representative_where(results),
             "max_mu_weak": {m: number(v.max()) for m, v in mass.items()},
             "final_mu_weak": {m: number(v[-1]) for m, v in mass.items()},
             "rounds_with_weak_activity": {m: int((v > 0).sum()) for m, v in mass.items()},
@@ -424,62 +442,103 @@ def linear_claims(results: Results, config: LinearExperimentConfig) -> list[dict
                 m: {"mean": number(g.loc[g["greedy_failure"], "final_weak_mass"].mean()),
                     "zero": int((g.loc[g["greedy_failure"], "final_weak_mass"] == 0).sum())}
                 for m, g in runs.groupby("method")}},
-        "greedy" in mass and "exp3" in mass and np.all(mass["greedy"] == 0) and mass["exp3"][-1] > 0))
+        GREEDY in mass and EXP3 in mass and np.all(mass[GREEDY] == 0) and mass[EXP3][-1] > 0)
 
-    window = rounds[rounds["method"] == "exp3"].tail(config.final_window)
+
+def _dominated_by_one_group(results: Results, config: LinearExperimentConfig) -> Claim:
+    """EXP3's weak-cluster updates come from one group over the final window."""
+    window = results.rounds[results.rounds["method"] == EXP3].tail(config.final_window)
     beta = float(window["beta_gstar_weak"].mean()) if len(window) else float("nan")
-    claims.append(claim(
+    return claim(
         f"EXP3's weak-cluster updates become dominated by one group: mean beta_(g*,weak) over the last "
         f"{config.final_window} rounds >= {BETA_LEVEL}", "beta_(g*,weak) -> 1 and sum_(h != g*) beta_(h,weak) -> 0.",
-        {**where, "final_window_mean_beta_gstar": number(beta),
+        {**_representative_where(results), "final_window_mean_beta_gstar": number(beta),
          "final_window_mean_beta_others": number(window["beta_others_weak"].mean()) if len(window) else None,
          "final_window_rounds_without_weak_updates": int(window["beta_gstar_weak"].isna().sum())},
-        math.isfinite(beta) and beta >= BETA_LEVEL))
+        math.isfinite(beta) and beta >= BETA_LEVEL)
 
-    e3 = results.e3
-    gr = blocks[blocks["controller"] == "gr"].sort_values("block")
-    have = len(gr) > 0
-    first = float(gr["probability_smoothed"].iloc[0]) if have else float("nan")
-    last = float(gr["probability_smoothed"].iloc[-1]) if have else float("nan")
-    claims.append(claim(
+
+def _greedy_blocks(results: Results) -> tuple[pd.DataFrame, float, float]:
+    """E3's Greedy-controller rows by block, and their first and last smoothed probability (NaN without rows)."""
+    gr = results.blocks[results.blocks["controller"] == "gr"].sort_values("block")
+    if not len(gr):
+        return gr, float("nan"), float("nan")
+    return gr, float(gr["probability_smoothed"].iloc[0]), float(gr["probability_smoothed"].iloc[-1])
+
+
+def _e3_start(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: EXP3 starts with about equal controller probabilities."""
+    blocks, (gr, first, _) = results.blocks, _greedy_blocks(results)
+    return claim(
         f"E3: EXP3 starts near 0.5/0.5 (first-block mean Greedy probability in {list(START_BAND)})",
         "EXP3 begins with approximately equal probability on both controllers.",
-        {"cells": e3["cells"], "first_block_probability": {
+        {"cells": results.e3["cells"], "first_block_probability": {
             c: number(g.sort_values("block")["probability"].iloc[0]) for c, g in blocks.groupby("controller")}},
-        have and START_BAND[0] <= first <= START_BAND[1]))
-    claims.append(claim(
+        len(gr) > 0 and START_BAND[0] <= first <= START_BAND[1])
+
+
+def _e3_rises(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: the Greedy probability rises."""
+    blocks, (gr, first, last) = results.blocks, _greedy_blocks(results)
+    return claim(
         "E3: the Greedy probability rises afterwards (last-block smoothed Greedy probability > first)",
         "After recovery, the mean Greedy probability rises steadily from approximately 0.5 to 0.9, while the Rank "
         "Hedge probability falls to approximately 0.1.",
         {"gr_first_block_smoothed": number(first), "gr_last_block_smoothed": number(last),
-         "gr_max_smoothed": number(gr["probability_smoothed"].max()) if have else None,
+         "gr_max_smoothed": number(gr["probability_smoothed"].max()) if len(gr) else None,
          "last_block_smoothed": {c: number(g.sort_values("block")["probability_smoothed"].iloc[-1])
                                  for c, g in blocks.groupby("controller")}},
-        have and last > first))
+        len(gr) > 0 and last > first)
+
+
+def _e3_tracking(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: the executed fractions track the probabilities."""
+    blocks, have = results.blocks, len(_greedy_blocks(results)[0]) > 0
     gap = (blocks["fraction"] - blocks["probability"]).abs()
     gap_smoothed = (blocks["fraction_smoothed"] - blocks["probability_smoothed"]).abs()
-    claims.append(claim(
+    return claim(
         f"E3: executed selection fractions track the probabilities (mean |fraction - probability| over blocks and "
         f"controllers <= {TRACKING_TOLERANCE}, unsmoothed cell means)",
         "The executed selection fractions closely track these learned probabilities.",
         {"mean_abs_difference": number(gap.mean()) if have else None,
          "max_abs_difference": number(gap.max()) if have else None,
          "mean_abs_difference_smoothed": number(gap_smoothed.mean()) if have else None},
-        have and gap.mean() <= TRACKING_TOLERANCE))
+        have and gap.mean() <= TRACKING_TOLERANCE)
+
+
+def _e3_median_block(results: Results, config: LinearExperimentConfig) -> Claim:
+    """E3: the median Greedy-failure cell recovers by the paper's block."""
+    e3, gr = results.e3, _greedy_blocks(results)[0]
     median = e3["median_recovery_block"]
-    claims.append(claim(
+    return claim(
         f"E3: the median Greedy-failure cell recovers (under EXP3) by block {PAPER_MEDIAN_RECOVERY_BLOCK} (0-based "
         f"block during which R first drops below {config.recovery_threshold})", "The median cell recovers by block 1.",
         {"median_recovery_block": median, "median_recovery_round": e3["median_recovery_round"],
          "recovery_block_counts": e3["recovery_blocks_histogram"], "cells": e3["cells"],
          "with_threshold_delta_over_4": {"median_block": e3["median_separation_block"],
                                          "median_round": e3["median_separation_round"]},
-         "gr_probability_by_block": [number(p) for p in gr["probability"]] if have else []},
-        median is not None and median <= PAPER_MEDIAN_RECOVERY_BLOCK))
-    if "fedcam" not in set(runs["method"]):
-        claims.append(not_run("FedCAM claims (reliability vs rho; no weak-cluster mass)",
-                              "Greedy IFCA and FedCAM become less reliable as rho increases.", "fedcam"))
-    return claims
+         "gr_probability_by_block": [number(p) for p in gr["probability"]]},
+        median is not None and median <= PAPER_MEDIAN_RECOVERY_BLOCK)
+
+
+def _fedcam_not_run(results: Results, config: LinearExperimentConfig) -> list[Claim]:
+    """The record of the FedCAM claims when FedCAM did not run (none otherwise)."""
+    if FEDCAM in set(results.runs["method"]):
+        return []
+    return [not_run("FedCAM claims (reliability vs rho; no weak-cluster mass)", _RELIABILITY_PAPER, FEDCAM)]
+
+
+LINEAR_CLAIMS: tuple[Callable[[Results, LinearExperimentConfig], Claim], ...] = (
+    partial(_loses_reliability, method=GREEDY, name="Greedy IFCA"),
+    partial(_loses_reliability, method=FEDCAM, name="FedCAM"),
+    _certificate_bound, _recovers_failures, _restores_weak_mass, _dominated_by_one_group,
+    _e3_start, _e3_rises, _e3_tracking, _e3_median_block)
+"""The E2/E3 claims, in the order of ``claims.json``."""
+
+
+def linear_claims(results: Results, config: LinearExperimentConfig) -> list[Claim]:
+    """The E2/E3 claims (``holds`` None: the method was not run)."""
+    return [check(results, config) for check in LINEAR_CLAIMS] + _fedcam_not_run(results, config)
 
 
 def _where(tag: str) -> Any:
@@ -490,7 +549,7 @@ def _where(tag: str) -> Any:
 
 
 def _bound(ax: Any, results: Results, config: LinearExperimentConfig) -> None:
-    bound = results.summary[results.summary["method"] == "greedy"]
+    bound = results.summary[results.summary["method"] == GREEDY]
     ax.plot(bound["rho"], bound["certificate_bound"], linestyle="--", color="0.3",
             label=r"$1 -$ certified-basin frequency (population certificate)")
 
@@ -501,7 +560,7 @@ def _log_scale(ax: Any, results: Results, config: LinearExperimentConfig) -> Non
 
 
 def _betas(results: Results) -> pd.DataFrame:
-    exp3 = results.rounds[results.rounds["method"] == "exp3"]
+    exp3 = results.rounds[results.rounds["method"] == EXP3]
     return exp3.melt(id_vars="round", value_vars=["beta_gstar_weak", "beta_others_weak"], var_name="series")
 
 
@@ -517,14 +576,14 @@ def _median_block(ax: Any, results: Results, config: LinearExperimentConfig) -> 
         ax.axvline(median, color="0.4", linestyle=":", label=f"median recovery block ({median:g})")
 
 
-_ROUNDS = dict(data="rounds", x="round", xlabel="round $t$", marker=None, styles={"exp3": {"label": "EXP3 {gr, rh}"}})
+_ROUNDS = dict(data="rounds", x="round", xlabel="round $t$", marker=None, styles={EXP3: {"label": "EXP3 {gr, rh}"}})
 EXPERIMENT = register(Experiment(
     name="linear", title="E2/E3, Figures 2(a-d) and B.1: two-group linear regression, 80 clients",
     config=LinearExperimentConfig, run=_run, claims=linear_claims,
     panels=[
         Panel("fig2a", "summary", "rho", "recovery_rate", r"initial spread $\rho$",
               r"recovery rate $\widehat{\Pr}(R_T < 0.5)$", log2_x=True, ylim=(-0.03, 1.03), extra=_bound,
-              styles={"exp3": {"label": "EXP3 {gr, rh}"}},
+              styles={EXP3: {"label": "EXP3 {gr, rh}"}},
               title=lambda results, config: f"(a) {config.seeds_per_rho} cells per ρ, T = {config.rounds}"),
         Panel("fig2b", y="routed_test_loss", ylabel=r"routed test loss $L^{\mathrm{route}}_t$", title=_where("(b)"),
               extra=_log_scale, **_ROUNDS),
@@ -543,18 +602,24 @@ EXPERIMENT = register(Experiment(
                                               f"{c}"}
                       for c, colour in (("gr", "tab:blue"), ("rh", "tab:orange"))
                       for kind in ("probability", "fraction")}),
+        reference_panel("fig2_references", "rho", "routed_test_loss", r"initial spread $\rho$",
+                        r"mean final routed test loss $L^{\mathrm{route}}_{T-1}$", log2_x=True,
+                        styles={EXP3: {"label": "EXP3 {gr, rh}"}},
+                        title=lambda results, config: f"{config.seeds_per_rho} cells per ρ, T = {config.rounds}, "
+                                                      "against FedAvg and Local"),
     ],
-    show=lambda results: [_recovery_table(results.summary)],
+    show=lambda results: [_recovery_table(results.summary),
+                          reference_table(results.runs, results.references, "rho", "routed_test_loss")],
 ))
 
 
 def _recovery_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Recovery rate per ρ and method, the basin and the Greedy failures (EXP3 recovers among them)."""
     table = summary.pivot(index="rho", columns="method", values="recovery_rate").add_prefix("recovery_")
-    greedy = summary[summary["method"] == "greedy"].set_index("rho")
+    greedy = summary[summary["method"] == GREEDY].set_index("rho")
     table["basin"] = greedy["basin"]
     table["greedy_failures"] = greedy["greedy_failures"]
-    if "exp3" in set(summary["method"]):
-        table["exp3_recovered_of_failures"] = summary[summary["method"] == "exp3"].set_index("rho")[
+    if EXP3 in set(summary["method"]):
+        table["exp3_recovered_of_failures"] = summary[summary["method"] == EXP3].set_index("rho")[
             "recovered_among_greedy_failures"]
     return table.reset_index()

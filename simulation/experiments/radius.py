@@ -21,11 +21,13 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY
 from fedroute.simulation.experiments.kit import (
     MethodSweepConfig, Results, RunLosses, Sweep, greedy_of_cell, train_groups_alone)
 from fedroute.core.metrics import (
     assignment_accuracy, greedy_choices, group_routing_matrix, persistent_collapse, recovery_error, routed_loss,
     usable_models)
+from fedroute.simulation.experiments.references import losses_by_method, reference_runs, reference_table
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory
 
@@ -33,7 +35,7 @@ __all__ = ["RadiusSweepConfig", "RUNS_COLUMNS", "SUMMARY_COLUMNS", "collapse_col
            "run_radius", "radius_results", "radius_summary", "collapse_cells", "alone_convergence", "radius_panels", "radius_table",
            "METHOD_NAMES"]
 
-METHOD_NAMES = {"greedy": "Greedy IFCA", "exp3": "EXP3", "fedcam": "FedCAM"}
+METHOD_NAMES = {GREEDY: "Greedy IFCA", EXP3: "EXP3", FEDCAM: "FedCAM"}
 RUNS_COLUMNS = (
     "method", "radius", "seed", "round0_clusters_used", "round0_eval_clusters", "round0_majority_clusters",
     "round0_attraction", "clusters_updated", "persistent", "usable_models", "train_usable_models", "collapsed",
@@ -127,8 +129,12 @@ def reduce_radius(history: BatchHistory, tasks: Sequence[Any], cells: Sequence[d
 
 
 def run_radius(config: RadiusSweepConfig, sweep: Sweep) -> Results:
-    """The sweep of every method and :func:`radius_results`."""
-    return radius_results(sweep(list(config.specs().values()), config.cells(), config.chunk_size), config)
+    """The sweep of every method and :func:`radius_results`, with the ``references`` table (FedAvg and Local on
+    the same cells)."""
+    results = radius_results(sweep(list(config.specs().values()), config.cells(), config.chunk_size), config)
+    results.tables["references"] = reference_runs(sweep, config.task_factory(), config.rounds, config.num_clusters,
+                                                  config.cells(), ("radius", "seed"), config.chunk_size)
+    return results
 
 
 def radius_results(table: pd.DataFrame, config: RadiusSweepConfig) -> Results:
@@ -171,7 +177,7 @@ def radius_summary(runs: pd.DataFrame, num_groups: int, num_clusters: int) -> pd
 
 def collapse_cells(runs: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
     """The Greedy collapse cells, one row each, with every method's outcome side by side."""
-    cells = runs[(runs["method"] == "greedy") & runs["greedy_collapse"]][
+    cells = runs[(runs["method"] == GREEDY) & runs["greedy_collapse"]][
         ["radius", "seed", "round0_clusters_used", "oracle_test_loss"]]
     table = cells.reset_index(drop=True)
     for method in methods:
@@ -179,7 +185,7 @@ def collapse_cells(runs: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
         part.columns = [f"{method}_{what}" for what in _PER_METHOD]
         table = table.join(part, on=["radius", "seed"])
     for what in ("routed_test_loss", "eval_test_loss"):
-        if "exp3" in methods and "greedy" in methods:
+        if EXP3 in methods and GREEDY in methods:
             table[f"exp3_minus_greedy_{what}"] = table[f"exp3_{what}"] - table[f"greedy_{what}"]
         else:
             table[f"exp3_minus_greedy_{what}"] = np.nan
@@ -189,7 +195,7 @@ def collapse_cells(runs: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
 def _round_zero(runs: pd.DataFrame, num_groups: int, num_clusters: int) -> dict[str, Any]:
     """Round-zero entrance facts per R (from the Greedy rows: ``W^0`` is shared by the methods)."""
     facts = {}
-    for radius, cell in runs[runs["method"] == "greedy"].groupby("radius"):
+    for radius, cell in runs[runs["method"] == GREEDY].groupby("radius"):
         used = cell["round0_clusters_used"]
         facts[f"{radius:g}"] = {
             "starts": int(len(cell)),
@@ -232,33 +238,35 @@ def alone_convergence(task: Any, radius: float, rounds: int) -> dict[str, list[f
 def radius_panels(prefix: str, name: str, first: tuple[str, str], round_zero: Callable[[pd.Series], pd.Series],
                   round_zero_label: str, exp3_label: str) -> list[Panel]:
     """Figures ``<prefix>a|b|c``: the ``first`` (column, label), ``A_T`` and the routed loss against R, one
-    line per method; panel (a) adds ``round_zero`` of the Greedy rows' ``round0_pr_all_used`` (dashed)."""
+    line per method (panel (c) with FedAvg's and Local's); panel (a) adds ``round_zero`` of the Greedy rows' ``round0_pr_all_used`` (dashed)."""
     def title(tag: str) -> Callable[[Results, Any], str]:
         return lambda results, config: (f"{tag} {name}, K = {config.num_clusters}, {config.seeds_per_radius} seeds "
                                         f"per R, T = {config.rounds}")
 
     def entrance(ax: Any, results: Results, config: Any) -> None:
-        greedy = results.summary[results.summary["method"] == "greedy"].set_index("radius")["round0_pr_all_used"]
+        greedy = results.summary[results.summary["method"] == GREEDY].set_index("radius")["round0_pr_all_used"]
         series = round_zero(greedy).sort_index()
         ax.plot(series.index, series.to_numpy(), linestyle="--", color="0.4", marker=".", label=round_zero_label)
 
     common = dict(data="summary", x="radius", xlabel="initialisation radius $R$", xticks=True,
-                  styles={"exp3": {"label": exp3_label}})
+                  styles={EXP3: {"label": exp3_label}})
     return [Panel(f"{prefix}a", y=first[0], ylabel=first[1], title=title("(a)"), ylim=(-0.03, 1.03), extra=entrance,
                   **common),
             Panel(f"{prefix}b", y="mean_assignment_accuracy", ylabel=r"mean terminal assignment $A_T$",
                   title=title("(b)"), ylim=(-0.03, 1.03), **common),
-            Panel(f"{prefix}c", y="mean_routed_test_loss", ylabel="mean final routed test loss", title=title("(c)"),
-                  **common)]
+            Panel(f"{prefix}c", y="routed_test_loss", ylabel="mean final routed test loss", title=title("(c)"),
+                  **{**common, "data": lambda results: losses_by_method(results.runs, results.references, "radius",
+                                                                        "routed_test_loss")})]
 
 
 def radius_table(results: Results, columns: Sequence[str], greedy_columns: Mapping[str, str]) -> list[pd.DataFrame]:
-    """The printed table: ``columns`` of the summary per R and method, and some Greedy-row columns."""
+    """The printed tables: ``columns`` of the summary per R and method, and some Greedy-row columns; then the mean
+    routed test loss per R of every method beside FedAvg's and Local's."""
     summary = results.summary
     table = summary.pivot(index="radius", columns="method", values=list(columns))
     table.columns = [f"{method}:{column}" for column, method in table.columns]
-    greedy = summary[summary["method"] == "greedy"].set_index("radius")
+    greedy = summary[summary["method"] == GREEDY].set_index("radius")
     for name, column in greedy_columns.items():
         table[name] = greedy[column]
-    return [table.reset_index()]
+    return [table.reset_index(), reference_table(results.runs, results.references, "radius", "routed_test_loss")]
 

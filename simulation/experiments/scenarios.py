@@ -32,14 +32,14 @@ from fedroute.core.fedcam import task_uses_output_sum
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.settings import RoutingSettings
 from fedroute.simulation.experiments.kit import (
-    Experiment, ExperimentConfig, Results, RunLosses, Sweep, Variant, claim, greedy_of_cell, number, register,
-    simulate_fedcam, train_groups_alone)
+    Experiment, ExperimentConfig, Results, RunLosses, StartedTask, Sweep, Variant, claim, greedy_of_cell, number,
+    register, simulate_fedcam, train_groups_alone)
 from fedroute.simulation.fedcam import FedCAMTask
 from fedroute.core.metrics import assignment_accuracy, routed_loss, usable_models
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory, simulate_batch
 from fedroute.simulation.sweep import SweepSpec
-from fedroute.core.methods import METHODS, method_settings
+from fedroute.core.methods import EXP3, FEDCAM, GREEDY, METHODS, method_settings
 from fedroute.core.task import Task
 from fedroute.tasks.boundaries import BoundariesTask
 from fedroute.tasks.collinear import CollinearTask
@@ -240,38 +240,6 @@ QUICK_SCENARIOS = (*(name for name, scenario in SCENARIOS.items() if scenario.fa
 """``--quick``: the first suite and the cheap (boundaries) member of three new families."""
 
 
-@dataclass(frozen=True, eq=False)
-class StartedTask:
-    """A task whose initial cluster models are fixed (one start of a cell)."""
-
-    task: Any
-    start_models: NDArray[np.floating]
-
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-    @property
-    def num_clients(self) -> int:
-        return self.task.num_clients
-
-    def clients(self, client_ids: NDArray[np.int64]) -> Any:
-        """The wrapped task's clients."""
-        return self.task.clients(client_ids)
-
-    def __getattr__(self, name: str) -> Any:
-        # FedCAM's output-sum form asks the task for ``initial_global_model`` (where it has one).
-        if name == "initial_global_model":
-            return getattr(self.task, name)
-        raise AttributeError(name)
-
-    def initial_models(self, num_clusters: int) -> NDArray[np.floating]:
-        """The fixed ``W^0`` (``num_clusters`` must be its ``K``)."""
-        if num_clusters != len(self.start_models):
-            raise ValueError(f"this start has {len(self.start_models)} models; asked for {num_clusters}")
-        return self.start_models
-
-
 def _random_models(task: Task, num_clusters: int) -> NDArray[np.floating]:
     """``K`` independent random models: the task's own initialisation, or standard normal parameters (GMM)."""
     if isinstance(task, GMMTask):
@@ -430,7 +398,7 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "patience-5": {"collapse_patience": 5},
     "patience-20": {"collapse_patience": 20},
 }
-"""``--config study``: EXP3 variants compared on the development seeds (``method_settings("exp3", **v)``;
+"""``--config study``: EXP3 variants compared on the development seeds (``method_settings(EXP3, **v)``;
 ``preset`` selects a paper configuration)."""
 
 
@@ -453,7 +421,7 @@ class ScenarioConfig(ExperimentConfig):
         the generic default (``--config all-methods`` adds synchronized entry and FedCAM; ``--quick``
         runs all four).
     variants : dict
-        Extra run names → ``method_settings("exp3", **overrides)`` (the study).
+        Extra run names → ``method_settings(EXP3, **overrides)`` (the study).
     short : bool
         ``T = quick_rounds`` and the first start of every scenario only (``--quick``).
     chunk_size : int
@@ -467,15 +435,15 @@ class ScenarioConfig(ExperimentConfig):
     scenarios: tuple[str, ...] = tuple(SCENARIOS)
     seeds: int = 10
     first_seed: int = 0
-    methods: tuple[str, ...] = ("greedy", "exp3")
+    methods: tuple[str, ...] = (GREEDY, EXP3)
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     short: bool = False
     chunk_size: int = 20
     name: str = "scenarios"
 
     def validate(self) -> None:
-        self.check([("greedy" in self.methods and all(m in METHODS or m in self.variants for m in self.methods),
-                     "methods", self.methods, f"distinct names from {METHODS} or the variants, including 'greedy'")])
+        self.check([(GREEDY in self.methods and all(m in METHODS or m in self.variants for m in self.methods),
+                     "methods", self.methods, f"distinct names from {METHODS} or the variants, including {GREEDY!r}")])
         for scenario in self.scenarios:
             for method in self.methods:
                 self.settings(method, SCENARIOS[scenario])  # validates every variant early
@@ -494,20 +462,20 @@ class ScenarioConfig(ExperimentConfig):
     def settings(self, method: str, scenario: Scenario) -> RoutingSettings:
         """The routing of a run name on a scenario."""
         if method in self.variants:
-            return method_settings("exp3", num_clusters=scenario.num_clusters, **self.variants[method])
+            return method_settings(EXP3, num_clusters=scenario.num_clusters, **self.variants[method])
         return method_settings(method, num_clusters=scenario.num_clusters)
 
     def spec(self, method: str, scenario: Scenario) -> SweepSpec:
         """The sweep spec of a run name on a scenario (the simulator records ``W^{T−1}`` and ``W^T``: what the
         reduce needs)."""
         rounds = self.rounds(scenario)
-        federation = {} if method == "fedcam" else dict(participation=scenario.participation(),
+        federation = {} if method == FEDCAM else dict(participation=scenario.participation(),
                                                         join_rounds=scenario.join_rounds(rounds))
         return SweepSpec(
             method=method, settings=self.settings(method, scenario), num_rounds=rounds,
-            make_task=make_fedcam_cell_task if method == "fedcam" else make_cell_task,
+            make_task=make_fedcam_cell_task if method == FEDCAM else make_cell_task,
             reduce=partial(reduce_scenario, num_groups=scenario.num_groups),
-            simulate=partial(simulate_fedcam if method == "fedcam" else simulate_batch,
+            simulate=partial(simulate_fedcam if method == FEDCAM else simulate_batch,
                              model_rounds=[rounds - 1, rounds], **federation),
         )
 
@@ -515,7 +483,7 @@ class ScenarioConfig(ExperimentConfig):
         """The methods run on a scenario: FedCAM's simulator has every client every round, so it sits out the
         scenarios with partial participation or a late group."""
         full = scenario.fraction >= 1 and not scenario.late_group
-        return tuple(method for method in self.methods if full or method != "fedcam")
+        return tuple(method for method in self.methods if full or method != FEDCAM)
 
     def derived(self) -> dict[str, Any]:
         return {"scenario_definitions": {name: asdict(SCENARIOS[name]) for name in self.scenarios},
@@ -525,7 +493,7 @@ class ScenarioConfig(ExperimentConfig):
 
 def study(config: ScenarioConfig) -> ScenarioConfig:
     """``--config study``: the EXP3 variants of :data:`STUDY_VARIANTS` and Greedy on the development seeds."""
-    return replace(config, first_seed=DEV_FIRST_SEED, methods=("greedy", *STUDY_VARIANTS),
+    return replace(config, first_seed=DEV_FIRST_SEED, methods=(GREEDY, *STUDY_VARIANTS),
                    variants=dict(STUDY_VARIANTS), name="scenarios-study")
 
 
@@ -568,10 +536,10 @@ def _judge(runs: pd.DataFrame, references: pd.DataFrame) -> pd.DataFrame:
     runs["greedy_converged"] = greedy_of_cell(runs, keys, "converged").astype(bool)
     greedy_loss = greedy_of_cell(runs, keys, "routed_test_loss").astype(float)
     harmless = runs["routed_test_loss"].to_numpy() <= (1.0 + NO_HARM_TOLERANCE) * greedy_loss
-    runs["no_harm"] = np.where(runs["greedy_converged"] & (runs["method"] != "greedy"), harmless, np.nan)
+    runs["no_harm"] = np.where(runs["greedy_converged"] & (runs["method"] != GREEDY), harmless, np.nan)
     greedy_ratios = greedy_of_cell(runs.assign(ratios_list=ratios), keys, "ratios_list")
     runs["group_harm"] = [
-        np.nan if method == "greedy" else
+        np.nan if method == GREEDY else
         float(bool(np.any((np.asarray(theirs) <= 1.0 + CONVERGED_TOLERANCE) & (ours > 1.0 + CONVERGED_TOLERANCE))))
         for method, ours, theirs in zip(runs["method"], ratios, greedy_ratios)]
     return runs.drop(columns="reference_losses")
@@ -637,7 +605,7 @@ def scenario_claims(results: Results, config: ScenarioConfig) -> list[dict[str, 
     claims = []
     by_method = results.methods.set_index("method")
     per_scenario = results.summary.groupby(["scenario", "method"], sort=False)
-    for method in [m for m in config.methods if m != "greedy"]:
+    for method in [m for m in config.methods if m != GREEDY]:
         row = by_method.loc[method]
         scenarios = {f"{s}": {"greedy_failures": int(part["greedy_failures"].sum()),
                               "recovered": int(part["recovered_of_greedy_failures"].sum()),
