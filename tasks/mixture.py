@@ -51,7 +51,9 @@ class MixtureClients:
         self, models: NDArray[np.floating], client_index: NDArray[np.int64], round_index: int
     ) -> NDArray[np.floating]:
         """``E`` full-batch gradient steps of model ``j`` on machine ``client_index[j]``."""
-        inputs, targets = self.train[0][client_index], self.train[1][client_index]
+        inputs, targets = self.train
+        if not np.array_equal(client_index, np.arange(len(targets))):  # all machines in order: no copy
+            inputs, targets = inputs[client_index], targets[client_index]
         weights = np.array(models, dtype=np.float64, copy=True)
         for _ in range(self.local_steps):
             residuals = np.matmul(inputs, weights[:, :, None])[:, :, 0] - targets               # (m, s)
@@ -89,9 +91,9 @@ class MixtureTask:
 
     num_clients: int = 100
     num_groups: int = 2
-    dimension: int = 100
-    samples_per_client: int = 10
-    test_samples_per_client: int = 10
+    dimension: int = 50
+    samples_per_client: int = 5
+    test_samples_per_client: int = 5
     separation: float = 0.5
     noise_std: float = 0.1
     local_steps: int = 1

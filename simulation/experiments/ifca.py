@@ -3,9 +3,10 @@
 The task is :class:`~fedroute.tasks.mixture.MixtureTask` as the IFCA authors' synthetic code builds it
 (``p`` groups of ``m/p`` machines, ``θ*_j ∈ {0, R}^d`` Bernoulli, ``x ~ N(0, I_d)``, noise ``σ``, every
 model started at a Bernoulli(½) vector) with ``K = p`` models, ``T`` rounds of one full-batch local step.
-Their sizes (``d = 1000``, ``n = 100``) are scaled down by 10 (``d = 100``, ``n = 10``), which keeps
-``n/d`` and the samples per group over ``d`` (``mn/(pd)``); ``m`` is theirs (100 for ``p = 2``, 400 for
-``p = 4``).  A cell is ``{"groups", "machines", "learning_rate", "separation", "seed", "init_seed"}``:
+Their sizes (``d = 1000``, ``n = 100``) are scaled down by 20 (``d = 50``, ``n = 5``), which keeps
+``n/d`` and the samples per group over ``d`` (``mn/(pd)``), and with them the ratio of a start's loss gap between
+groups to its sampling noise (both scale as ``√d`` at fixed ``n/d``) and the final error ``σ√(d/(mn/p − d))``;
+``m`` is theirs (100 for ``p = 2``, 400 for ``p = 4``).  A cell is ``{"groups", "machines", "learning_rate", "separation", "seed", "init_seed"}``:
 ``seed`` draws the data and ``θ*`` (and the routing draws), ``init_seed`` the start (IFCA's restarts).
 
 Three variants run every cell: fedroute's Greedy with IFCA's published gradient step
@@ -31,7 +32,7 @@ from fedroute.core.aggregation import SERVER_UPDATES
 from fedroute.core.influence import InfluenceBounds
 from fedroute.core.methods import EXP3, GREEDY, method_settings
 from fedroute.simulation.experiments.kit import (
-    Experiment, ExperimentConfig, Results, Sweep, claim, method_spec, number, register, task_settings)
+    Experiment, ExperimentConfig, Results, Sweep, Variant, claim, method_spec, number, register, task_settings)
 from fedroute.simulation.plotting import Panel
 from fedroute.simulation.simulator import BatchHistory, simulate_batch
 from fedroute.simulation.sweep import SweepSpec
@@ -56,9 +57,9 @@ LARGE_SEPARATION_LEVEL = 0.9
 class IfcaExperimentConfig(ExperimentConfig):
     """Settings of IFCA's synthetic experiment (IFCA's: ``m`` per ``p``, the laws of ``θ*``, data and start,
     ``σ = 0.1``, ``T = 300``, the success threshold, the ``R`` grid without 0.75; ours: ``d``, ``n`` scaled by
-    1/10, one step size per ``p`` — the IFCA step ``γ = η/2`` of their grids, 0.1 for ``p = 2`` and 0.5 for
-    ``p = 4`` — and 10 data seeds × 2 restarts instead of 40 × 10 × 3 step sizes).  ``groups``, ``machines`` and
-    ``learning_rates`` are aligned (one ``m`` and ``η_loc`` per ``p``)."""
+    1/20, one step size per ``p`` — the IFCA step ``γ = η/2`` of their grids, 0.1 for ``p = 2`` and 0.5 for
+    ``p = 4`` — and 5 data seeds × 2 restarts, ``--config more-seeds`` 10 × 2, instead of 40 × 10 × 3 step sizes).
+    ``groups``, ``machines`` and ``learning_rates`` are aligned (one ``m`` and ``η_loc`` per ``p``)."""
 
     LABEL = "ifca"
     QUICK = dict(groups=(2,), machines=(100,), learning_rates=(0.2,), separations=(0.1, 1.0), dimension=20,
@@ -73,9 +74,9 @@ class IfcaExperimentConfig(ExperimentConfig):
     learning_rates: tuple[float, ...] = (0.2, 1.0)
     separations: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)
     noise_std: float = 0.1
-    dimension: int = 100
-    samples_per_client: int = 10
-    data_seeds: int = 10
+    dimension: int = 50
+    samples_per_client: int = 5
+    data_seeds: int = 5
     restarts: int = 2
     rounds: int = 300
     first_seed: int = 0
@@ -276,4 +277,7 @@ EXPERIMENT = register(Experiment(
                                                  f"starts, T = {config.rounds}, d = {config.dimension}, "
                                                  f"n = {config.samples_per_client}"))],
     show=lambda results: [_success_table(results)],
+    variants={"more-seeds": Variant("10 data seeds × 2 starts per setting (20 runs; ≈ 2 × the default's time)",
+                                    lambda config: replace(config, data_seeds=2 * config.data_seeds,
+                                                           name=f"{config.name}-more-seeds"), in_all=False)},
 ))
