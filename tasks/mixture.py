@@ -37,7 +37,7 @@ class MixtureClients:
     learning_rate: float
 
     def losses(self, cluster_models: NDArray[np.floating], split: str = "train") -> NDArray[np.float64]:
-        """``½ mean (xᵀw_k − y)²`` for every machine and model, shape (n, K); models ``(K, d)`` or ``(n, K, d)``."""
+        """``½ mean (xᵀw_k − y)²`` for every machine and model, shape (n, K); models (K, d) or (n, K, d)."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         inputs, targets = self.train if split == "train" else self.test
