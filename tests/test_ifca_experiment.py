@@ -117,3 +117,11 @@ def test_exp3_is_the_generic_default_with_k_equal_p():
         assert set(specs) == set(VARIANTS)
         assert specs[(EXP3, AVERAGE)].settings == method_settings(EXP3, num_clusters=p)
         assert specs[(GREEDY, IFCA_GRADIENT)].settings.num_clusters == p
+
+
+def test_more_seeds_doubles_the_data_seeds_and_stays_out_of_all():
+    experiment = EXPERIMENTS["ifca"]
+    config = experiment.configure("more-seeds")
+    assert (config.data_seeds, config.restarts) == (2 * IfcaExperimentConfig().data_seeds, 2)
+    assert experiment.output_name("more-seeds") == "ifca-more-seeds" and not experiment.variants["more-seeds"].in_all
+    assert experiment.configure("more-seeds", quick=True).data_seeds == 2 * IfcaExperimentConfig.quick().data_seeds
