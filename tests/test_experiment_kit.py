@@ -11,7 +11,7 @@ import pytest
 
 from fedroute import cli
 from fedroute.simulation.experiments import (
-    EXPERIMENTS, PAPER, characters, fig1, gmm, housing, linear, radius, references, scenarios)
+    EXPERIMENTS, PAPER, characters, fig1, gmm, housing, ifca, linear, radius, references, scenarios)
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, InputError, Results, Variant, claim, number, run_experiment, train_groups_alone)
 from fedroute.simulation.plotting import Panel
@@ -34,6 +34,7 @@ TABLES = {
                    "references": ("method", "alpha", "data_seed", *references.RUNS_COLUMNS)},
     "scenarios": {"runs": scenarios.RUNS_COLUMNS, "summary": ("scenario", "start", "method", *scenarios.RATES_COLUMNS),
                   "methods": ("method", *scenarios.RATES_COLUMNS), "references": scenarios.REFERENCES_COLUMNS},
+    "ifca": {"runs": ifca.RUNS_COLUMNS, "summary": ifca.SUMMARY_COLUMNS},
 }
 """Every experiment's tables and their columns (the contract of ``runs.*`` etc.)."""
 UNTESTABLE_IN_QUICK = {"scenarios": 1}
