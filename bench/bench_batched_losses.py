@@ -105,14 +105,15 @@ class Workload:
 
 # ----------------------------------------------------------------------------------------- the grid
 class LocalGrid:
-    """Nodes whose handler is called in this process; every call's CPU time is kept."""
+    """Nodes whose handler is called in this process (each node's ``Context`` with ``run_config``)."""
 
-    def __init__(self, num_nodes: int, handler: Callable[..., Any]) -> None:
+    def __init__(self, num_nodes: int, handler: Callable[..., Any], run_config: Optional[dict[str, Any]] = None) -> None:
         from flwr.app import Context, RecordDict
 
         self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
                                           node_config={"partition-id": i, "num-partitions": num_nodes},
-                                          state=RecordDict(), run_config={}) for i in range(num_nodes)}
+                                          state=RecordDict(), run_config=dict(run_config or {}))
+                         for i in range(num_nodes)}
         self.handler = handler
 
     def get_node_ids(self) -> list[int]:
