@@ -5,7 +5,7 @@ Run: ``python bench/study_routing_loss_rows.py [--rows 0 64 32 16] [--seeds 0 1]
 
 The dataset task on the offline digits (scikit-learn's 1,797 8×8 digits written as
 Parquet, :mod:`fedroute.data.standins`), IID partitions, 4 rotation groups (0°, 90°,
-180°, 270°; client ``c`` in group ``c mod 4``), ``K = 4``, the generic default (EXP3),
+180°, 270°; client ``c`` in group ``c mod 4``), ``K = 4``, ``--method`` (default EXP3),
 5 local epochs, the ServerApp and the built-in ClientApp in this process.  Every
 setting but ``routing-loss-rows`` (``0`` = every training row) is the same, so the
 runs differ only in the rows the ``K`` models are scored on (the training and the
@@ -122,7 +122,7 @@ def table(runs: list[dict[str, Any]], clients: int, rounds: int, train_rows: Opt
         label = f"all (≈ {train_rows:.0f})" if m == 0 and train_rows else ("all" if m == 0 else str(m))
         lines.append(f"| {label} | {cell('final_routes')} | {cell('heldout_assignment')} | {cell('accuracy', '{:.3f}')} "
                      f"| {cell('worst_decile', '{:.3f}')} | {cell('usable_models', '{}')} |")
-    return (f"*{clients} clients (IID digits, 4 rotation groups), K = 4, method {method} (generic default), 5 local epochs, "
+    return (f"*{clients} clients (IID digits, 4 rotation groups), K = 4, method {method}, 5 local epochs, "
             f"{rounds} rounds; seeds {' / '.join(map(str, seeds))} side by side*\n\n" + "\n".join(lines) + "\n")
 
 
