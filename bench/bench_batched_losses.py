@@ -1,7 +1,7 @@
 """Batched K-model losses: FedAvg against ClusteredRouting with the K loss passes looped and batched, side by side.
 
 Run: ``python bench/bench_batched_losses.py [--ks 2 4 8] [--rows 64 32] [--epochs 5] [--repeat 3]
-[--docs docs/performance.md]`` (≈ 5–8 min on 2 loaded cores with the defaults).
+[--docs docs/performance.md]`` (≈ 40 min of wall time at a 1-minute load of 10–15 on 2 cores).
 
 What is measured: the **CPU time of one federated round** (every client's handler and
 the strategy, one thread, in this process: no Flower transport, whose 0.1-s polls
