@@ -1,7 +1,7 @@
 """Batched K-model losses: FedAvg against ClusteredRouting with the K loss passes looped and batched, side by side.
 
-Run: ``python bench/bench_batched_losses.py [--ks 2 4 8] [--epochs 5] [--repeat 3] [--docs docs/performance.md]``
-(≈ 3–6 min on 2 loaded cores with the defaults).
+Run: ``python bench/bench_batched_losses.py [--ks 2 4 8] [--rows 64 32] [--epochs 5] [--repeat 3]
+[--docs docs/performance.md]`` (≈ 40 min of wall time at a 1-minute load of 10–15 on 2 cores).
 
 What is measured: the **CPU time of one federated round** (every client's handler and
 the strategy, one thread, in this process: no Flower transport, whose 0.1-s polls
@@ -16,7 +16,10 @@ would hide milliseconds), for
   :class:`~fedroute.client.batched_losses.DataLoss` (batches of 128 rows, images in
   the channels-last layout on the CPU), run once per model (``batched=False``);
 * **routing, DataLoss batched**: the same with ``batched=True``: the ``K`` losses in
-  one ``torch.func.vmap(functional_call)`` pass per data batch.
+  one ``torch.func.vmap(functional_call)`` pass per data batch;
+* **routing, DataLoss on m rows**: the looped ``DataLoss`` with ``max_rows = m``
+  (``--rows``): the ``K`` models scored on a fixed subsample of ``m`` of the client's
+  training rows (drawn once per client; the training still uses every row).
 
 Two workloads, each client the same local training on both sides (SGD, momentum 0.9):
 
@@ -42,6 +45,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
+
+from fedroute.core.methods import EXP3, FEDAVG
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 TABLE_BEGIN, TABLE_END = "<!-- batched-losses-table:begin -->", "<!-- batched-losses-table:end -->"
@@ -100,14 +105,15 @@ class Workload:
 
 # ----------------------------------------------------------------------------------------- the grid
 class LocalGrid:
-    """Nodes whose handler is called in this process; every call's CPU time is kept."""
+    """Nodes whose handler is called in this process (each node's ``Context`` with ``run_config``)."""
 
-    def __init__(self, num_nodes: int, handler: Callable[..., Any]) -> None:
+    def __init__(self, num_nodes: int, handler: Callable[..., Any], run_config: Optional[dict[str, Any]] = None) -> None:
         from flwr.app import Context, RecordDict
 
         self.contexts = {100 + i: Context(run_id=1, node_id=100 + i,
                                           node_config={"partition-id": i, "num-partitions": num_nodes},
-                                          state=RecordDict(), run_config={}) for i in range(num_nodes)}
+                                          state=RecordDict(), run_config=dict(run_config or {}))
+                         for i in range(num_nodes)}
         self.handler = handler
 
     def get_node_ids(self) -> list[int]:
@@ -139,12 +145,27 @@ def _user_loss(images: Any, labels: Any) -> Callable[[Any], float]:
     return lambda model: float(F.cross_entropy(model(images), labels))
 
 
-def _routing_handler(workload: Workload, kind: str) -> Callable[..., Any]:
-    from fedroute import routing_train
+KINDS = ("user", "loop", "batched")
+"""The routing configurations on every row: the user's ``loss_fn``, ``DataLoss`` looped, ``DataLoss`` batched."""
+
+ROWS_PREFIX = "rows-"
+"""Configuration ``rows-m``: the looped ``DataLoss`` with ``max_rows = m``."""
+
+
+def _routing_loss(workload: Workload, kind: str, client: int) -> Callable[[Any], float]:
+    """Client ``client``'s ``loss_fn`` in configuration ``kind`` (``user``, ``loop``, ``batched``, ``rows-m``)."""
     from fedroute.client.batched_losses import DataLoss
 
-    losses = [_user_loss(*workload.data[i]) if kind == "user" else DataLoss(*workload.data[i])
-              for i in range(workload.num_clients)]
+    if kind == "user":
+        return _user_loss(*workload.data[client])
+    max_rows = int(kind[len(ROWS_PREFIX):]) if kind.startswith(ROWS_PREFIX) else None
+    return DataLoss(*workload.data[client], max_rows=max_rows, client_id=client)
+
+
+def _routing_handler(workload: Workload, kind: str) -> Callable[..., Any]:
+    from fedroute import routing_train
+
+    losses = [_routing_loss(workload, kind, i) for i in range(workload.num_clients)]
     batched = kind == "batched"
 
     def handle(message: Any, context: Any) -> Any:
@@ -164,14 +185,14 @@ def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int,
     from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings
 
     n = workload.num_clients
-    if strategy_name == "fedavg":
+    if strategy_name == FEDAVG:
         from flwr.app import ArrayRecord
 
         strategy: Any = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=n, min_train_nodes=n)
         initial: Any = ArrayRecord(workload.model(0).state_dict())
         grid = LocalGrid(n, _fedavg_handler(workload))
     else:
-        strategy = ClusteredRouting(method_settings("exp3", num_clusters=num_clusters), fraction_train=1.0,
+        strategy = ClusteredRouting(method_settings(EXP3, num_clusters=num_clusters), fraction_train=1.0,
                                     min_available_nodes=n, min_train_nodes=n, evaluate_at_end=False)
         initial = cluster_models_from_torch([workload.model(k) for k in range(num_clusters)])
         grid = LocalGrid(n, _routing_handler(workload, strategy_name))
@@ -192,7 +213,7 @@ def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int,
 
 
 def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: int,
-        num_clients: int) -> dict[str, list[dict[str, Any]]]:
+        num_clients: int, rows: Iterable[int] = (), kinds: Iterable[str] = KINDS) -> dict[str, list[dict[str, Any]]]:
     import torch
 
     torch.set_num_threads(1)
@@ -205,12 +226,13 @@ def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: i
     results: dict[str, list[dict[str, Any]]] = {}
     for name in workloads:
         workload = Workload(name, num_clients, epochs)
-        configurations = [("fedavg", 1)] + [(kind, k) for k in ks for kind in ("user", "loop", "batched")]
+        kinds_here = [*kinds, *(f"{ROWS_PREFIX}{m}" for m in rows)]
+        configurations = [(FEDAVG, 1)] + [(kind, k) for k in ks for kind in kinds_here]
         samples: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
         ratios: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
         for _ in range(repeat):
-            baseline = measure_round_cpu(workload, "fedavg", 1, rounds)
-            samples[("fedavg", 1)].append(baseline)
+            baseline = measure_round_cpu(workload, FEDAVG, 1, rounds)
+            samples[(FEDAVG, 1)].append(baseline)
             for configuration in configurations[1:]:
                 value = measure_round_cpu(workload, configuration[0], configuration[1], rounds)
                 samples[configuration].append(value)
@@ -222,21 +244,31 @@ def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: i
     return results
 
 
+def _label(kind: str) -> str:
+    if kind.startswith(ROWS_PREFIX):
+        return f"DataLoss looped on {kind[len(ROWS_PREFIX):]} rows (max_rows)"
+    return {"user": "the user's loss_fn (one pass over all rows), looped",
+            "loop": "DataLoss looped (batches of 128, channels-last on the CPU)",
+            "batched": "DataLoss batched (torch.func.vmap)"}[kind]
+
+
 def table(results: dict[str, list[dict[str, Any]]], epochs: int, rounds: int, repeat: int,
-          num_clients: int) -> str:
+          num_clients: int, subsamples: Iterable[int] = (), kinds: Iterable[str] = KINDS,
+          start_load: Optional[float] = None) -> str:
     import os
 
+    options = f"--epochs {epochs} --rounds {rounds} --repeat {repeat} --rows {' '.join(map(str, subsamples))}"
+    if tuple(kinds) != KINDS:
+        options += f" --kinds {' '.join(kinds)}"
+    load = f"{os.getloadavg()[0]:.1f}" if start_load is None else f"{start_load:.1f} → {os.getloadavg()[0]:.1f}"
     lines = [f"**Batched K-model losses: CPU time of one round, {num_clients} clients, {epochs} local epochs** "
-             f"(`python bench/bench_batched_losses.py --epochs {epochs} --rounds {rounds} --repeat {repeat}`; "
+             f"(`python bench/bench_batched_losses.py {options.strip()}`; "
              f"in process, one thread, mean of {rounds} rounds after one warm-up, {repeat} interleaved repeats; "
-             f"1-minute load at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", ""]
+             f"1-minute load at the start and the end {load} on {os.cpu_count()} CPUs)", ""]
     for name, rows in results.items():
         lines += [f"*{name}*", "", "| configuration | CPU s / round | × FedAvg (median; range) |", "|---|---:|---:|"]
         for row in rows:
-            label = "FedAvg" if row["kind"] == "fedavg" else f"ClusteredRouting K={row['k']}, " + {
-                "user": "the user's loss_fn (one pass over all rows), looped",
-                "loop": "DataLoss looped (batches of 128, channels-last on the CPU)",
-                "batched": "DataLoss batched (torch.func.vmap)"}[row["kind"]]
+            label = "FedAvg" if row["kind"] == FEDAVG else f"ClusteredRouting K={row['k']}, " + _label(row["kind"])
             low, high = row["range"]
             lines.append(f"| {label} | {row['seconds']:.3f} | {row['ratio']:.2f} ({low:.2f}–{high:.2f}) |")
         lines.append("")
@@ -257,14 +289,21 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=["digits", "cifar-like"])
     parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8])
+    parser.add_argument("--rows", nargs="*", type=int, default=[64, 32],
+                        help="also DataLoss with max_rows = each of these (the routing losses on a subsample)")
+    parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS,
+                        help="the full-data routing configurations to run")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--docs", type=Path, default=None, help="write the tables between the markers of this file")
     args = parser.parse_args(argv)
-    results = run(args.workloads, args.ks, args.epochs, args.rounds, args.repeat, args.clients)
-    text = table(results, args.epochs, args.rounds, args.repeat, args.clients)
+    import os
+
+    start_load = os.getloadavg()[0]
+    results = run(args.workloads, args.ks, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds)
+    text = table(results, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds, start_load)
     print(text)
     if args.docs is not None:
         write_docs(args.docs, text)

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from fedroute.core.agent import AgentState
 from fedroute.core.fedcam import fedcam_client_round
+from fedroute.core.methods import FEDCAM
 from fedroute.core.client_step import client_round, provisional_greedy_routes
 from fedroute.simulation.experiments.characters import (
     EXPERIMENT,
@@ -47,7 +48,7 @@ def per_client_loop(task, settings, method: str, num_rounds: int, seed: int) -> 
     num_clusters = settings.num_clusters
     models = task.initial_models(num_clusters)
     all_routes = []
-    if method == "fedcam":
+    if method == FEDCAM:
         global_model = np.zeros(models.shape[-1], dtype=models.dtype)
         for round_index in range(num_rounds):
             results = [fedcam_client_round(batch, global_model, models, round_index) for batch in clients]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from fedroute.core.methods import GREEDY
 from fedroute.simulation.experiments.fig1 import Fig1Config, run_fig1
 from fedroute.simulation.experiments.kit import Sweep
 from fedroute.simulation.experiments.linear import EXPERIMENT as LINEAR, LinearExperimentConfig
@@ -22,11 +23,11 @@ def main() -> None:
     full = LinearExperimentConfig()
     total = 0.0
     for method in full.methods:
-        config = replace(full, methods=("greedy",) if method == "greedy" else ("greedy", method))
+        config = replace(full, methods=(GREEDY,) if method == GREEDY else (GREEDY, method))
         started = time.perf_counter()
         LINEAR.run(config, Sweep(progress=True))
         seconds = time.perf_counter() - started
-        if method != "greedy":
+        if method != GREEDY:
             seconds -= greedy_seconds  # the sweep needs Greedy for the failure cells
         else:
             greedy_seconds = seconds

@@ -59,12 +59,13 @@ from flwr.serverapp.strategy import FedAvg
 from bench_clientapp import FLOOR, NO_LOSS, client_app, client_evaluate, client_train  # noqa: F401  (client_app: the app's)
 from ratios import pair_ratios_of, paired_ratio
 from fedroute import ClusteredRouting, cluster_models_from_torch, method_settings
+from fedroute.core.methods import EXP3, FEDAVG
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 EXAMPLE = REPOSITORY / "examples" / "digits_cnn"
 TABLE_BEGIN, TABLE_END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 APP_CONFIG = {
-    "strategy": "fedavg",        # "fedavg", "fedavg-evaluate", "routing"; diagnostics "routing-no-loss", "fedavg-losses"
+    "strategy": FEDAVG,          # FEDAVG, "fedavg-evaluate", "routing"; diagnostics "routing-no-loss", "fedavg-losses"
     "num-clusters": 2,
     "routing-preset": "",        # "" = the generic default a user's app gets; "characters" = the paper's E4 preset
     "num-server-rounds": 11,
@@ -77,7 +78,7 @@ APP_CONFIG = {
     "learning-rate": 0.1,
     "results-path": "",
 }
-LABELS = {"fedavg": "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round (Flower's default)"}
+LABELS = {FEDAVG: "FedAvg", "fedavg-evaluate": "FedAvg + evaluate every round (Flower's default)"}
 def label_of(strategy: str, num_clusters: int) -> str:
     """A configuration's name in the tables."""
     if strategy == NO_LOSS:
@@ -163,14 +164,14 @@ def make_strategy(config: dict[str, Any]) -> tuple[Any, Any]:
 
     seed, fraction, min_nodes = int(config["seed"]), float(config["fraction-train"]), int(config["min-nodes"])
     name = str(config["strategy"])
-    if name in ("fedavg", "fedavg-evaluate", FLOOR):
+    if name in (FEDAVG, "fedavg-evaluate", FLOOR):
         strategy: Any = TimedFedAvg(fraction_train=fraction, fraction_evaluate=fraction if name == "fedavg-evaluate" else 0.0,
                                     min_available_nodes=min_nodes, min_train_nodes=min(2, min_nodes),
                                     min_evaluate_nodes=min(2, min_nodes))
         initial: Any = ArrayRecord(make_model(seed * 100).state_dict())
     else:
         num_clusters = int(config["num-clusters"])
-        strategy = TimedRouting(method_settings("exp3", preset=str(config.get("routing-preset", "")) or None,
+        strategy = TimedRouting(method_settings(EXP3, preset=str(config.get("routing-preset", "")) or None,
                                                 num_clusters=num_clusters),
                                 fraction_train=fraction, min_available_nodes=min_nodes,
                                 min_train_nodes=min(2, min_nodes), seed=seed, evaluate_at_end=False)
@@ -394,7 +395,7 @@ def run_deployment(app: Path, results: Path, num_supernodes: int, ks: list[int],
     """FedAvg and ClusteredRouting (each ``K``) in turn on one native deployment of ``num_supernodes``."""
     from fedroute.deployment.local import LocalFederation
 
-    configurations = [("fedavg", 1)] + [("routing", k) for k in ks]
+    configurations = [(FEDAVG, 1)] + [("routing", k) for k in ks]
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configurations}
     # In-memory SuperLink state: its SQLite database can lose a push under load ("database is locked").
     with LocalFederation(app, num_supernodes, log_dir=results / f"deploy-{num_supernodes}-logs",
@@ -461,7 +462,7 @@ def in_process(ks: list[int], num_clients: int, rounds: int, warmup: int,
     # Flower stamps a new Message with the running task's identity: play the ServerApp's.
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
     rows = []
-    for strategy_name, num_clusters in [("fedavg", 1)] + [("routing", k) for k in ks]:
+    for strategy_name, num_clusters in [(FEDAVG, 1)] + [("routing", k) for k in ks]:
         config = {**APP_CONFIG, "strategy": strategy_name, "num-clusters": num_clusters, "min-nodes": num_clients,
                   "num-server-rounds": rounds + warmup, "local-epochs": local_epochs}
         strategy, initial = make_strategy(config)
@@ -541,7 +542,7 @@ def server_breakdown(ks: list[int], num_clients: int) -> str:
              "| `aggregate_train` total |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in ks:
-        strategy = ClusteredRouting(method_settings("exp3", preset=str(APP_CONFIG["routing-preset"]) or None,
+        strategy = ClusteredRouting(method_settings(EXP3, preset=str(APP_CONFIG["routing-preset"]) or None,
                                                     num_clusters=k),
                                     min_available_nodes=num_clients)
         strategy.cluster_models = [arrays_of(r) for r in cluster_models_from_torch([make_model(c) for c in range(k)])]
@@ -677,17 +678,17 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict[str, list[dict[st
         results.mkdir(parents=True, exist_ok=True)
         app = build_app(work)
         populations = [] if args.skip_small else [(args.clients, 1.0, args.rounds, 1,
-                                                    ["fedavg"] + (["fedavg-evaluate"] if args.with_evaluate else []),
+                                                    [FEDAVG] + (["fedavg-evaluate"] if args.with_evaluate else []),
                                                     args.ks)]
         if args.longer_epochs and not args.skip_small:
-            populations.append((args.clients, 1.0, args.rounds, args.longer_epochs, ["fedavg"], [2]))
+            populations.append((args.clients, 1.0, args.rounds, args.longer_epochs, [FEDAVG], [2]))
         if not args.skip_large:
-            populations.append((args.large_clients, args.large_fraction, args.large_rounds, 1, ["fedavg"],
+            populations.append((args.large_clients, args.large_fraction, args.large_rounds, 1, [FEDAVG],
                                 args.large_ks))
         try:
             for num_clients, fraction, rounds, epochs, baselines, ks in populations:
                 configurations = [(name, 1) for name in baselines] + [("routing", k) for k in ks]
-                headline = [("fedavg", 1), ("routing", 2)]
+                headline = [(FEDAVG, 1), ("routing", 2)]
                 if (num_clients, epochs) == (args.clients, 1) and args.diagnostics:
                     for k in ks:
                         configurations.insert(configurations.index(("routing", k)) + 1, (FLOOR, k))

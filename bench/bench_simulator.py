@@ -20,7 +20,7 @@ from fedroute.core.agent import AgentState
 from fedroute.core.client_step import client_round
 from fedroute.simulation.simulator import simulate_batch
 from fedroute.core.aggregation import hard_update, routing_masses
-from fedroute.core.methods import method_settings
+from fedroute.core.methods import EXP3, method_settings
 from fedroute.tasks.linear import LinearTask
 
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=50)
     args = parser.parse_args()
-    settings = method_settings("exp3", preset="linear")
+    settings = method_settings(EXP3, preset="linear")
     tasks = [LinearTask(init="spread", init_spread=2.0, seed=seed) for seed in range(args.runs)]
     started = time.perf_counter()
     batch = simulate_batch(tasks, settings, args.rounds, [task.seed for task in tasks])

@@ -16,6 +16,12 @@ tolerance).
 Where a module does not allow it (data-dependent control flow, ``.item()`` in
 ``forward``, in-place updates of buffers, …) the batched pass raises; the
 client then falls back to the loop, for good (:data:`FALLBACK_ERRORS`).
+
+``max_rows`` scores the models on a fixed subsample of the rows instead
+(:func:`loss_rows`): at most ``max_rows`` of them, drawn once per client from
+``(seed, client_id, 0, Purpose.LOSS_ROWS)`` (:mod:`fedroute.core.randomness`),
+the same rows for all ``K`` models and every round, kept in their order.  The
+``K`` passes then cost ``max_rows / n`` of the full ones.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import torch
 from numpy.typing import NDArray
 from torch.nn import functional as F
 
+from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
-__all__ = ["DataLoss", "stacked_state", "stacked_outputs", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
+__all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
 
 logger = logging.getLogger("fedroute")
 
@@ -66,6 +73,34 @@ def stacked_outputs(module: torch.nn.Module, state: dict[str, torch.Tensor], inp
     return torch.func.vmap(one, in_dims=(0, None))(state, inputs)
 
 
+def loss_rows(num_rows: int, max_rows: Optional[int], seed: int = 0, client_id: int = 0) -> Optional[NDArray[np.int64]]:
+    """The rows a subsampled :class:`DataLoss` scores: at most ``max_rows`` of ``num_rows``, sorted.
+
+    Parameters
+    ----------
+    num_rows : int
+        The client's rows.
+    max_rows : int or None
+        The subsample's size; ``None`` or ``max_rows ≥ num_rows``: every row (returns ``None``).
+    seed, client_id : int
+        Coordinates of the draw: ``generator(seed, client_id, 0, Purpose.LOSS_ROWS)`` chooses the rows
+        without replacement, so a client draws the same rows in every round and every process.
+
+    Returns
+    -------
+    ndarray of int64 or None
+        Increasing row indices, or ``None`` for all rows.
+    """
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, (int, np.integer))
+                                 or max_rows < 1):
+        raise invalid("DataLoss max_rows", max_rows, "None (every row) or an integer ≥ 1",
+                      "e.g. max_rows=64 scores the models on 64 rows of each client")
+    if max_rows is None or max_rows >= num_rows:
+        return None
+    chosen = generator(seed, client_id, 0, Purpose.LOSS_ROWS).choice(num_rows, int(max_rows), replace=False)
+    return np.sort(chosen).astype(np.int64)
+
+
 class DataLoss:
     """``loss_fn(model)`` over in-memory tensors, which can also score ``K`` models in one batched pass.
 
@@ -85,21 +120,37 @@ class DataLoss:
         oneDNN's CPU convolutions run ≈ 1.8× faster (the values are the same; a float32 sum in
         another order).  ``"auto"``: for 4-D inputs on the CPU.  A module that cannot take them
         (``x.view(...)`` on a non-contiguous activation) is retried with contiguous inputs, for good.
+    max_rows : int, optional
+        Score the models on at most this many rows (:func:`loss_rows`); ``None``: every row.
+    seed, client_id : int, default 0
+        The subsample's draw coordinates (:func:`loss_rows`; unused without ``max_rows``).
+
+    Attributes
+    ----------
+    inputs, targets : torch.Tensor
+        The rows scored (the subsample under ``max_rows``).
+    rows : ndarray of int64 or None
+        Which of the given rows they are (``None``: all).
 
     Notes
     -----
-    The mean is over rows: each batch's mean loss weighted by its size.
+    The mean is over the scored rows: each batch's mean loss weighted by its size.
     """
 
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor,
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-                 batch_size: int = 128, device: Optional[Any] = None, channels_last: bool | str = "auto") -> None:
+                 batch_size: int = 128, device: Optional[Any] = None, channels_last: bool | str = "auto",
+                 max_rows: Optional[int] = None, seed: int = 0, client_id: int = 0) -> None:
         if len(inputs) != len(targets) or len(inputs) == 0:
             raise ValueError(f"DataLoss needs as many targets as inputs (> 0), got {len(inputs)} and {len(targets)}")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
-            raise invalid("batch_size", batch_size, "an integer ≥ 1")
+            raise invalid("DataLoss batch_size", batch_size, "an integer ≥ 1")
         if channels_last not in (True, False, "auto"):
-            raise invalid("channels_last", channels_last, "True, False or 'auto'")
+            raise invalid("DataLoss channels_last", channels_last, "True, False or 'auto'")
+        self.rows = loss_rows(len(inputs), max_rows, seed, client_id)
+        if self.rows is not None:
+            index = torch.from_numpy(self.rows)
+            inputs, targets = inputs[index.to(inputs.device)], targets[index.to(targets.device)]
         self.inputs = inputs if device is None else inputs.to(device)
         self.targets = targets if device is None else targets.to(device)
         self.criterion, self.batch_size = criterion, int(batch_size)

@@ -47,6 +47,8 @@ class Purpose(IntEnum):
     """Random tie-breaking among exactly equal losses (``tie_breaking = "random"``)."""
     EVALUATE_SAMPLING = 10
     """Which nodes the server asks in an evaluation during training (``fraction_evaluate < 1``)."""
+    LOSS_ROWS = 11
+    """Which training rows a client scores the ``K`` models on (``DataLoss(max_rows=...)``, drawn once)."""
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -20,7 +20,9 @@ Update
     momentum 0.9, a new optimiser every round), the batch order drawn from
     ``(seed, client, round)``; the routing and evaluation loss is the mean
     cross-entropy (:class:`~fedroute.client.batched_losses.DataLoss`, ``K``
-    models in one batched pass where ``batched-losses`` allows).  The final
+    models in one batched pass where ``batched-losses`` allows), on every
+    training row or, with ``routing-loss-rows = m``, on a fixed subsample of
+    ``m`` of them (drawn once per client; docs/performance.md).  The final
     evaluation also reports every model's held-out accuracy.
 Device
     ``client-device`` (:mod:`fedroute.client.devices`): the client's module,
@@ -69,6 +71,11 @@ class DatasetTask:
         ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     batched_losses : str
         One of :data:`BATCHED_CHOICES`.
+    routing_loss_rows : int
+        Score the ``K`` models on at most this many training rows per client, the same rows in every
+        round, drawn once from ``(seed, client, 0, Purpose.LOSS_ROWS)``
+        (:class:`~fedroute.client.batched_losses.DataLoss` ``max_rows``); ``0`` (the default): every row.
+        The held-out evaluation always uses every held-out row.
     """
 
     dataset: str = "auto"
@@ -87,6 +94,7 @@ class DatasetTask:
     learning_rate: float = 0.05
     client_device: str = "auto"
     batched_losses: str = "auto"
+    routing_loss_rows: int = 0
     seed: int = 0
     name: str = "dataset"
 
@@ -96,6 +104,9 @@ class DatasetTask:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 invalid_setting(key.replace("_", "-"), value, "an integer ≥ 1")
+        rows = self.routing_loss_rows
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
+            invalid_setting("routing-loss-rows", rows, "an integer ≥ 1 (rows per client), or 0 for every row")
         if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float)) \
                 or not np.isfinite(self.learning_rate) or self.learning_rate <= 0:
             invalid_setting("learning-rate", self.learning_rate, "a finite number > 0")

@@ -2,6 +2,7 @@
 
 A :class:`~fedroute.client.torch_adapter.TorchClient` whose ``loss_fn`` is a
 :class:`~fedroute.client.batched_losses.DataLoss` over the client's training rows
+(or ``routing-loss-rows`` of them)
 and whose ``train_fn`` is mini-batch SGD (:mod:`fedroute.tasks.dataset`).  The
 module and both splits are put on the client's device once, when the client is
 built (once per message); the ``K`` models are copied in from the flat vectors.
@@ -50,7 +51,9 @@ class DatasetClient(TorchClient):
         self._test = (torch.from_numpy(data.test_features).to(self.device),
                       torch.from_numpy(data.test_labels).to(self.device))
         self._round = 0
-        super().__init__(model, DataLoss(*self._train), self._sgd, num_examples=data.num_examples,
+        routing_loss = DataLoss(*self._train, max_rows=int(task.routing_loss_rows) or None, seed=int(task.seed),
+                                client_id=int(data.partition_id))
+        super().__init__(model, routing_loss, self._sgd, num_examples=data.num_examples,
                          client_id=data.partition_id, group=data.group, test_loss_fn=DataLoss(*self._test),
                          batched=task.batched(self.device))
 

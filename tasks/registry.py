@@ -96,6 +96,7 @@ UPPER_BOUNDS = {
     "classes-per-client": 10**6,
     "local-epochs": 10**6,
     "batch-size": 10**8,
+    "routing-loss-rows": 10**8,
 }
 """Upper bounds of the size-like task keys (a larger value would exhaust memory long after the
 start); the task classes check the lower bounds and the rest of the ranges."""
