@@ -33,6 +33,7 @@ from fedroute.simulation.simulator import concatenate_clients
 from fedroute.simulation.sweep import SweepArgs, SweepSpec, run_sweeps
 from fedroute.simulation.workers import ChunkRunner
 from fedroute.core.aggregation import hard_update
+from fedroute.core.influence import InfluenceBounds, aggregate_round
 from fedroute.core.methods import EXP3, FEDCAM, GREEDY, method_settings
 
 __all__ = ["Experiment", "ExperimentConfig", "MethodSweepConfig", "Variant", "Results", "Panel", "Sweep", "EXPERIMENTS",
@@ -284,11 +285,15 @@ class RunLosses:
 
 
 def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarray, rounds: Sequence[int],
-                       plays: Optional[Callable[[int], np.ndarray]] = None) -> dict[int, np.ndarray]:
+                       plays: Optional[Callable[[int], np.ndarray]] = None,
+                       bounds: Optional[InfluenceBounds] = None) -> dict[int, np.ndarray]:
     """Each group's model trained on that group alone, for a batch of runs: every client of group ``g`` trains model
     ``g`` of its run and the hard update averages them (the routing loop with each group routed to its own cluster),
     from ``models`` (R, G, P); returns the models at every ``t`` in ``rounds``.  With ``plays`` (``t`` → which
-    clients play round ``t``, e.g. the run's partial participation) only those clients train in round ``t``."""
+    clients play round ``t``, e.g. the run's partial participation) only those clients train in round ``t``.  With
+    ``bounds`` the server step is the runs' own (:func:`~fedroute.core.influence.aggregate_round`: the sample-weight
+    cap at ``c`` × the round's lower-median ``n`` over every playing client of the run); without, the uncapped hard
+    update (the paper experiments' reference)."""
     groups, last = clients.groups, max(rounds)
     kept = {}
     for t in range(last + 1):
@@ -297,7 +302,11 @@ def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarr
         if t < last:
             rows = np.arange(len(groups)) if plays is None else np.flatnonzero(plays(t))
             trained = clients.local_update(models[run_of_client[rows], groups[rows]], rows, t)
-            models = hard_update(models, trained, groups[rows], clients.num_examples[rows], run_of_client[rows])
+            if bounds is None:
+                models = hard_update(models, trained, groups[rows], clients.num_examples[rows], run_of_client[rows])
+            else:
+                models = aggregate_round(models, trained, groups[rows], clients.num_examples[rows], bounds,
+                                         run_of_client[rows]).models
     return kept
 
 

@@ -29,6 +29,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from fedroute.core.fedcam import task_uses_output_sum
+from fedroute.core.influence import InfluenceBounds
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.settings import RoutingSettings
 from fedroute.simulation.experiments.kit import (
@@ -304,8 +305,10 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
                      ) -> dict[int, NDArray[np.float64]]:
     """Per run and group, the held-out loss of a model trained on that group alone from ``w_0^0``.
 
-    Every client of group ``g`` trains the group's model and the hard update averages them
-    (the routing loop with each group routed to its own cluster), for all runs at once.  In a
+    Every client of group ``g`` trains the group's model and the runs' own server step averages
+    them (:func:`~fedroute.core.influence.aggregate_round` with the default bounds: weights capped at
+    4 × the round's lower-median ``n``; the routing loop with each group routed to its own cluster),
+    for all runs at once.  In a
     scenario with partial participation or a late group (``scenario`` and the runs' ``seeds``
     given) only the clients that play a round in the routing runs train in it: the reference
     is per-group training in the same federation.
@@ -324,7 +327,8 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
         plays = partial(_plays, losses.clients.client_ids, losses.run_of_client, np.asarray(seeds)[losses.run_of_client],
                         len(tasks), scenario.participation(), scenario.join_rounds(max(rounds)), tasks[0].num_clients)
     result = {}
-    trained = train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds], plays)
+    trained = train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds], plays,
+                                 InfluenceBounds())
     for t, models in trained.items():
         own = np.take_along_axis(losses(models, "test"), groups[..., None], axis=2)[..., 0]   # (R, n)
         result[t] = np.stack([[own[r, groups[r] == g].mean() for g in range(num_groups)] for r in range(len(tasks))])
