@@ -241,7 +241,7 @@ def ifca_claims(results: Results, config: IfcaExperimentConfig) -> list[dict[str
     claims.append(claim(
         "the generic default EXP3 succeeds at least as often as Greedy with model averaging over all runs",
         "fedroute: EXP3's exploration recovers collapsed starts Greedy cannot leave.",
-        {"pooled_success_rate": pooled, "exp3": _rates(summary, EXP3, AVERAGE)},
+        {"pooled_success_rate": pooled, EXP3: _rates(summary, EXP3, AVERAGE)},
         pooled[f"{EXP3}/{AVERAGE}"] >= pooled[f"{GREEDY}/{AVERAGE}"]))
     return claims
 
@@ -261,13 +261,13 @@ def _success_table(results: Any) -> pd.DataFrame:
     """Success rate per setting (rows) and variant (columns), with IFCA's best-of-restarts rate of its step."""
     summary = results.summary
     table = summary[summary["method"] == GREEDY].pivot_table(
-        index=list(SETTING_KEYS), columns="server_update", values="success_rate").add_prefix("greedy_")
-    table["exp3"] = _variant(summary, EXP3, AVERAGE).set_index(list(SETTING_KEYS))["success_rate"]
-    table[f"greedy_{IFCA_GRADIENT}_any_restart"] = _variant(summary, GREEDY, IFCA_GRADIENT).set_index(
+        index=list(SETTING_KEYS), columns="server_update", values="success_rate").add_prefix(f"{GREEDY}_")
+    table[EXP3] = _variant(summary, EXP3, AVERAGE).set_index(list(SETTING_KEYS))["success_rate"]
+    table[f"{GREEDY}_{IFCA_GRADIENT}_any_restart"] = _variant(summary, GREEDY, IFCA_GRADIENT).set_index(
         list(SETTING_KEYS))["success_any_restart"]
     table["runs"] = _variant(summary, GREEDY, IFCA_GRADIENT).set_index(list(SETTING_KEYS))["runs"]
-    return table.reset_index()[["groups", "separation", f"greedy_{IFCA_GRADIENT}", f"greedy_{AVERAGE}", "exp3",
-                                f"greedy_{IFCA_GRADIENT}_any_restart", "runs"]]
+    return table.reset_index()[["groups", "separation", f"{GREEDY}_{IFCA_GRADIENT}", f"{GREEDY}_{AVERAGE}", EXP3,
+                                f"{GREEDY}_{IFCA_GRADIENT}_any_restart", "runs"]]
 
 
 EXPERIMENT = register(Experiment(
