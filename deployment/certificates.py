@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedroute.core.validation import invalid
+
 __all__ = [
     "DEFAULT_SANS",
     "CertificateFiles",
@@ -88,7 +90,7 @@ def parse_san(entry: str) -> x509.GeneralName:
             return x509.IPAddress(ipaddress.ip_address(value))
         except ValueError:
             pass
-    raise ValueError(f"--san {entry!r} is invalid; allowed: DNS:<name> or IP:<address> (e.g. DNS:flower.example.org)")
+    raise invalid("--san", entry, "DNS:<name> or IP:<address> (e.g. DNS:flower.example.org)")
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -180,9 +182,9 @@ def _checked_sans(days: int, node_keys: int, sans: Sequence[str]) -> tuple[str, 
     """The SuperLink's subject alternative names (:data:`DEFAULT_SANS` and ``sans``), once they, ``days`` and
     ``node_keys`` are valid (``ValueError``)."""
     if isinstance(days, bool) or not isinstance(days, int) or days < 1:
-        raise ValueError(f"--days {days!r} is invalid; allowed: an integer ≥ 1")
+        raise invalid("--days", days, "an integer ≥ 1")
     if isinstance(node_keys, bool) or not isinstance(node_keys, int) or node_keys < 0:
-        raise ValueError(f"--node-keys {node_keys!r} is invalid; allowed: an integer ≥ 0")
+        raise invalid("--node-keys", node_keys, "an integer ≥ 0")
     names = (*DEFAULT_SANS, *sans)
     for entry in names:
         parse_san(entry)

@@ -50,6 +50,7 @@ from fedroute.deployment.processes import (
     stop_processes,
     wait_port,
 )
+from fedroute.core.validation import invalid
 
 __all__ = ["LocalFederation", "DeploymentRun", "CONNECTION"]
 
@@ -121,7 +122,7 @@ class LocalFederation(FederationControl, FederationFaults):
         environment_bin: Optional[str | Path] = None,
     ) -> None:
         if int(num_supernodes) != num_supernodes or num_supernodes < 1:
-            raise ValueError(f"num_supernodes = {num_supernodes} is invalid; allowed: an integer ≥ 1")
+            raise invalid("num_supernodes", num_supernodes, "an integer ≥ 1")
         self.app_dir = Path(app_dir).resolve()
         self.num_supernodes = int(num_supernodes)
         self.tls = tls

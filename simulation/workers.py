@@ -33,6 +33,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+from fedroute.core.validation import invalid
+
 __all__ = ["AUTO", "ChunkRunner", "resolve_workers", "usable_cpus"]
 
 AUTO = "auto"
@@ -63,9 +65,9 @@ def resolve_workers(workers: Union[int, str, None], quick: bool = False, pool_pa
         if isinstance(workers, bool) or str(count) != str(workers).strip():
             raise ValueError
     except (TypeError, ValueError):
-        raise ValueError(f"workers = {workers!r} is invalid; allowed: {AUTO!r} or an integer ≥ 1") from None
+        raise invalid("workers", workers, f"{AUTO!r} or an integer ≥ 1") from None
     if count < 1:
-        raise ValueError(f"workers = {workers!r} is invalid; allowed: {AUTO!r} or an integer ≥ 1")
+        raise invalid("workers", workers, f"{AUTO!r} or an integer ≥ 1")
     return count
 
 

@@ -30,6 +30,7 @@ from fedroute.strategies.algorithms import Algorithm, HardRouting
 from fedroute.strategies.evaluation import check_evaluation, client_records, evaluation_values
 from fedroute.strategies.results import MetricsAggregation
 from fedroute.strategies.state import RunState
+from fedroute.core.validation import invalid
 
 __all__ = ["ClusteredRouting", "check_parameters", "evaluation_values", "client_records"]
 
@@ -38,14 +39,14 @@ def check_parameters(fraction_train: float, min_train_nodes: int, min_available_
                      seed: int, run_key: str) -> None:
     """``ValueError`` naming the argument and its range for a bad strategy parameter."""
     if not 0.0 < fraction_train <= 1.0:
-        raise ValueError(f"fraction_train = {fraction_train} is invalid; allowed: (0, 1]")
+        raise invalid("fraction_train", fraction_train, "(0, 1]")
     for name, value in (("min_train_nodes", min_train_nodes), ("min_available_nodes", min_available_nodes)):
         if int(value) != value or value < 1:
-            raise ValueError(f"{name} = {value} is invalid; allowed: an integer ≥ 1")
+            raise invalid(name, value, "an integer ≥ 1")
     if round_timeout <= 0:
-        raise ValueError(f"round_timeout = {round_timeout} is invalid; allowed: > 0")
+        raise invalid("round_timeout", round_timeout, "> 0")
     if seed < 0:
-        raise ValueError(f"seed = {seed} is invalid; allowed: an integer ≥ 0")
+        raise invalid("seed", seed, "an integer ≥ 0")
     protocol.check_path_name(run_key, "run_key")
 
 

@@ -21,6 +21,7 @@ from fedroute.core.evaluation import chosen_values, evaluation_metrics
 from fedroute.strategies.records import array_record
 from fedroute.strategies.results import MetricsAggregation, cluster_metric_record
 from fedroute.strategies.validation import EvaluateReply
+from fedroute.core.validation import invalid
 
 if TYPE_CHECKING:
     from fedroute.strategies.state import RunState
@@ -83,12 +84,11 @@ def evaluation_record(valid: Sequence[EvaluateReply], aggregated: Mapping[str, f
 def check_evaluation(evaluate_every: Any, fraction_evaluate: Any, min_evaluate_nodes: Any) -> None:
     """The evaluation settings of a strategy, each error naming the argument and its range."""
     if isinstance(evaluate_every, bool) or int(evaluate_every) != evaluate_every or evaluate_every < 0:
-        raise ValueError(f"evaluate_every = {evaluate_every!r} is invalid; allowed: an integer ≥ 0 "
-                         "(0 = only the final evaluation)")
+        raise invalid("evaluate_every", evaluate_every, "an integer ≥ 0 (0 = only the final evaluation)")
     if isinstance(fraction_evaluate, bool) or not 0.0 <= float(fraction_evaluate) <= 1.0:
-        raise ValueError(f"fraction_evaluate = {fraction_evaluate!r} is invalid; allowed: a number in [0, 1]")
+        raise invalid("fraction_evaluate", fraction_evaluate, "a number in [0, 1]")
     if isinstance(min_evaluate_nodes, bool) or int(min_evaluate_nodes) != min_evaluate_nodes or min_evaluate_nodes < 0:
-        raise ValueError(f"min_evaluate_nodes = {min_evaluate_nodes!r} is invalid; allowed: an integer ≥ 0")
+        raise invalid("min_evaluate_nodes", min_evaluate_nodes, "an integer ≥ 0")
 
 
 def evaluate_on_server(state: "RunState", server_round: int, evaluate_fn: Optional[EvaluateFn], result: Result) -> None:

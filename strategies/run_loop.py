@@ -25,6 +25,7 @@ from fedroute.strategies.algorithms import provisional_masses
 from fedroute.strategies.evaluation import EvaluateFn, evaluate_on_server
 from fedroute.strategies.records import initial_models
 from fedroute.strategies.validation import validate_provisional_reply
+from fedroute.core.validation import invalid
 
 if TYPE_CHECKING:
     from fedroute.strategies.adapter import RoutingAdapter
@@ -59,7 +60,7 @@ def begin_run(strategy: "RoutingAdapter", grid: Grid, initial_arrays: ArrayRecor
     state = strategy.state
     strategy.algorithm.begin(state, strategy.routing)
     if num_rounds < 1:
-        raise ValueError(f"num_rounds = {num_rounds} is invalid; allowed: an integer ≥ 1")
+        raise invalid("num_rounds", num_rounds, "an integer ≥ 1")
     state.cluster_models = initial_models(initial_arrays, strategy.num_clusters)
     state.reply_timeout = timeout or strategy.round_timeout
     state.num_rounds, state.grid = num_rounds, grid

@@ -21,6 +21,7 @@ from fedroute.client.batched_losses import DataLoss, batched_or_none, stacked_ou
 from fedroute.client.devices import resolve_device
 from fedroute.client.torch_adapter import TorchClient
 from fedroute.core.randomness import Purpose, generator
+from fedroute.core.validation import invalid
 from fedroute.data.models import build_model
 from fedroute.data.partitions import ClientData
 
@@ -88,7 +89,7 @@ class DatasetClient(TorchClient):
     def accuracies(self, cluster_models: NDArray[np.floating], split: str = "test") -> NDArray[np.float64]:
         """Share of correctly classified rows of each of the ``K`` models, shape ``(1, K)``."""
         if split not in ("train", "test"):
-            raise ValueError(f"split = {split!r} is invalid; allowed: 'train', 'test'")
+            raise invalid("split", split, "'train', 'test'")
         features, labels = self._train if split == "train" else self._test
         models = np.asarray(cluster_models).reshape(-1, self.num_parameters)
         was_training = self.model.training

@@ -32,6 +32,7 @@ from fedroute.core.fedcam import task_uses_output_sum
 from fedroute.core.influence import InfluenceBounds
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.validation import invalid
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, StartedTask, Sweep, Variant, claim, greedy_of_cell, number,
     register, simulate_fedcam, train_groups_alone)
@@ -287,7 +288,7 @@ def _initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.flo
         if isinstance(task, GMMTask):
             return np.array(task.initial_models(num_clusters))
         raise ValueError(f"scenario {scenario.name!r} has no collapsed start")
-    raise ValueError(f"start = {start!r} is invalid; allowed: one of {STARTS}")
+    raise invalid("start", start, f"one of {STARTS}")
 
 
 def make_cell_task(cell: dict[str, Any]) -> StartedTask:
