@@ -18,7 +18,40 @@ from numpy.typing import NDArray
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.task import checked_client_ids, validate_task_settings
 
-__all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES"]
+__all__ = ["LinearTask", "LinearClients", "LinearSamples", "INIT_MODES", "gaussian_regression_samples"]
+
+
+def gaussian_regression_samples(seed: int, client_ids: NDArray[np.int64], parameters: NDArray[np.floating],
+                                num_samples: int, noise_std: float) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Each client's ``num_samples`` pairs ``y = x·θ + σ ε`` with ``x, ε`` standard normal.
+
+    Client ``i``'s draws come from ``(seed, i, 0, Purpose.DATA)`` (inputs first, then
+    noise), so its data do not depend on which other clients are drawn.
+
+    Parameters
+    ----------
+    seed : int
+    client_ids : ndarray of int, shape (n,)
+    parameters : ndarray, shape (n, d)
+        Each client's ``θ`` (its group's).
+    num_samples : int
+    noise_std : float
+        ``σ``.
+
+    Returns
+    -------
+    inputs : ndarray, shape (n, num_samples, d)
+    targets : ndarray, shape (n, num_samples)
+    """
+    dimension = parameters.shape[-1]
+    inputs = np.empty((len(client_ids), num_samples, dimension))
+    targets = np.empty((len(client_ids), num_samples))
+    for row, client in enumerate(client_ids):
+        rng = generator(seed, client, 0, Purpose.DATA)
+        inputs[row] = rng.standard_normal((num_samples, dimension))
+        targets[row] = inputs[row] @ parameters[row] + noise_std * rng.standard_normal(num_samples)
+    return inputs, targets
+
 
 INIT_MODES = ("spread", "collapsed", "copies")
 
@@ -175,12 +208,7 @@ class LinearTask:
         groups = self.groups(client_ids)
         theta = self.group_parameters
         total = self.samples_per_client + self.test_samples_per_client
-        inputs = np.empty((len(client_ids), total, self.dimension))
-        targets = np.empty((len(client_ids), total))
-        for row, client in enumerate(client_ids):
-            rng = generator(self.seed, client, 0, Purpose.DATA)
-            inputs[row] = rng.standard_normal((total, self.dimension))
-            targets[row] = inputs[row] @ theta[groups[row]] + self.noise_std * rng.standard_normal(total)
+        inputs, targets = gaussian_regression_samples(self.seed, client_ids, theta[groups], total, self.noise_std)
         split = self.samples_per_client
         return LinearSamples(client_ids=client_ids, groups=groups,
                              train_inputs=inputs[:, :split], train_targets=targets[:, :split],

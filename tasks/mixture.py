@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.task import checked_client_ids, validate_task_settings
+from fedroute.tasks.linear import gaussian_regression_samples
 
 __all__ = ["MixtureTask", "MixtureClients"]
 
@@ -137,12 +138,7 @@ class MixtureTask:
         client_ids = checked_client_ids(client_ids, self.num_clients)
         groups, theta = self.groups(client_ids), self.group_parameters
         total = self.samples_per_client + self.test_samples_per_client
-        inputs = np.empty((len(client_ids), total, self.dimension))
-        targets = np.empty((len(client_ids), total))
-        for row, client in enumerate(client_ids):
-            rng = generator(self.seed, client, 0, Purpose.DATA)
-            inputs[row] = rng.standard_normal((total, self.dimension))
-            targets[row] = inputs[row] @ theta[groups[row]] + self.noise_std * rng.standard_normal(total)
+        inputs, targets = gaussian_regression_samples(self.seed, client_ids, theta[groups], total, self.noise_std)
         split = self.samples_per_client
         return MixtureClients(
             client_ids=client_ids, groups=groups,
