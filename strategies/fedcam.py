@@ -27,7 +27,8 @@ from flwr.app import ArrayRecord, MessageType
 from numpy.typing import NDArray
 
 from fedroute import protocol
-from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
+from fedroute.core.fedcam import fedcam_global_update
+from fedroute.core.influence import InfluenceBounds, RoundAggregate
 from fedroute.core.settings import RoutingSettings
 from fedroute.strategies.algorithms import (StepRules, cluster_arrays, cluster_records, restore_cluster_arrays,
                                             routing_step)
@@ -48,11 +49,11 @@ def global_update(global_model: Mapping[str, NDArray], valid: Sequence[TrainRepl
     template = dict(global_model)
     parts = protocol.stack_flat([reply.extras[protocol.GLOBAL_MODEL] for reply in valid], protocol.flat_dtype(template))
     weights = np.array([reply.num_examples for reply in valid])
-    outcome = aggregate_round(protocol.flatten_arrays(template)[None, :], parts, np.zeros(len(valid), dtype=np.int64),
-                              weights, influence)
-    if outcome.non_finite_clusters[0]:
+    updated, non_finite = fedcam_global_update(protocol.flatten_arrays(template), parts, np.ones(len(valid), dtype=bool),
+                                               weights, influence)
+    if non_finite:
         logger.warning("the aggregate of %s is not finite; it keeps its value", protocol.GLOBAL_MODEL)
-    return protocol.unflatten_arrays(outcome.models[0], template)
+    return protocol.unflatten_arrays(updated, template)
 
 
 def combined_models(global_model: Mapping[str, NDArray], cluster_models: Models) -> Models:
