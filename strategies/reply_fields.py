@@ -124,16 +124,24 @@ def metrics_of(content: Mapping[str, Any]) -> dict[str, Any]:
     return dict(record.items())
 
 
-def validate_model_metrics(content: Mapping[str, Any], num_clusters: int) -> dict[str, NDArray[np.float64]]:
-    """The optional ``evaluate-metrics`` MetricRecord: at most 64 names, each a list of ``K`` finite numbers."""
-    if protocol.EVALUATE_METRICS not in content:
-        return {}
-    record = content[protocol.EVALUATE_METRICS]
+def _bounded_metric_record(content: Mapping[str, Any], name: str) -> Optional[dict[str, Any]]:
+    """``content[name]`` as a dict of at most ``MAX_TRAIN_METRICS`` keys (a MetricRecord or dict); None if absent."""
+    if name not in content:
+        return None
+    record = content[name]
     if not isinstance(record, (MetricRecord, dict)):
-        raise ReplyRejected(f"'{protocol.EVALUATE_METRICS}' must be a MetricRecord, got {describe(record)}")
+        raise ReplyRejected(f"'{name}' must be a MetricRecord, got {describe(record)}")
     metrics = dict(record.items())
     if len(metrics) > MAX_TRAIN_METRICS:
-        raise ReplyRejected(f"'{protocol.EVALUATE_METRICS}' holds {len(metrics)} keys; at most {MAX_TRAIN_METRICS}")
+        raise ReplyRejected(f"'{name}' holds {len(metrics)} keys; at most {MAX_TRAIN_METRICS}")
+    return metrics
+
+
+def validate_model_metrics(content: Mapping[str, Any], num_clusters: int) -> dict[str, NDArray[np.float64]]:
+    """The optional ``evaluate-metrics`` MetricRecord: at most 64 names, each a list of ``K`` finite numbers."""
+    metrics = _bounded_metric_record(content, protocol.EVALUATE_METRICS)
+    if metrics is None:
+        return {}
     if any(not isinstance(key, str) or len(key) > TEXT_LIMIT for key in metrics):
         raise ReplyRejected(f"'{protocol.EVALUATE_METRICS}' has a key longer than {TEXT_LIMIT} characters")
     return {key: number_list(metrics, key, num_clusters) for key in metrics}
@@ -141,14 +149,9 @@ def validate_model_metrics(content: Mapping[str, Any], num_clusters: int) -> dic
 
 def validate_train_metrics(content: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     """The optional ``train-metrics`` MetricRecord: at most 64 keys, finite numbers or lists of them; None if absent."""
-    if protocol.TRAIN_METRICS not in content:
+    metrics = _bounded_metric_record(content, protocol.TRAIN_METRICS)
+    if metrics is None:
         return None
-    record = content[protocol.TRAIN_METRICS]
-    if not isinstance(record, (MetricRecord, dict)):
-        raise ReplyRejected(f"'{protocol.TRAIN_METRICS}' must be a MetricRecord, got {describe(record)}")
-    metrics = dict(record.items())
-    if len(metrics) > MAX_TRAIN_METRICS:
-        raise ReplyRejected(f"'{protocol.TRAIN_METRICS}' holds {len(metrics)} keys; at most {MAX_TRAIN_METRICS}")
     for key, value in metrics.items():
         values = value if isinstance(value, list) else [value]
         if len(values) > MAX_TRAIN_METRIC_VALUES:
