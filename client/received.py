@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 
 from fedroute import protocol
 from fedroute.core.health import RoutingView
@@ -48,9 +48,9 @@ def routing_config(message: Message) -> dict[str, Any]:
     return config
 
 
-def _decoded(message: Message, key: str, clients: ClientBatch, check_layout: bool) -> dict[str, np.ndarray]:
-    """The ArrayRecord ``key`` as numpy arrays, checked against the client's module when ``check_layout``."""
-    arrays = {name: decode_array(array) for name, array in message.content.array_records[key].items()}
+def _decoded(record: ArrayRecord, clients: ClientBatch, check_layout: bool) -> dict[str, np.ndarray]:
+    """An ArrayRecord as numpy arrays, checked against the client's module when ``check_layout``."""
+    arrays = {name: decode_array(array) for name, array in record.items()}
     if check_layout:
         clients.check_template(arrays)
     return arrays
@@ -60,18 +60,20 @@ def cluster_models(message: Message, num_clusters: int, clients: ClientBatch,
                    check_layout: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The ``K`` broadcast models as a (K, P) float64 array, and cluster 0's arrays (the reply template)."""
     keys = [protocol.cluster_key(k) for k in range(num_clusters)]
-    missing = [key for key in keys if key not in message.content.array_records]
+    records = message.content.array_records  # a new view per access: read once
+    missing = [key for key in keys if key not in records]
     if missing:
         raise ValueError(f"the message lacks the cluster models {missing} (records: {list(message.content)})")
-    decoded = [_decoded(message, key, clients, check_layout) for key in keys]
+    decoded = [_decoded(records[key], clients, check_layout) for key in keys]
     return protocol.stack_flat(decoded), decoded[0]
 
 
 def global_part(message: Message, clients: ClientBatch, check_layout: bool = False) -> np.ndarray:
     """FedCAM's ``Θ_glob`` (the ``global-model`` record) as a flat vector."""
-    if protocol.GLOBAL_MODEL not in message.content.array_records:
+    records = message.content.array_records
+    if protocol.GLOBAL_MODEL not in records:
         raise ValueError(f"a FedCAM message needs the ArrayRecord '{protocol.GLOBAL_MODEL}'")
-    return protocol.flatten_arrays(_decoded(message, protocol.GLOBAL_MODEL, clients, check_layout))
+    return protocol.flatten_arrays(_decoded(records[protocol.GLOBAL_MODEL], clients, check_layout))
 
 
 def received_view(config: dict[str, Any], num_clusters: int) -> Optional[RoutingView]:
