@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+from io import BytesIO
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+from flwr.common.constant import SType
 from numpy.typing import NDArray
 
 from fedroute import protocol
 
 __all__ = ["pack_cluster_models", "pack_cluster_records", "unpack_cluster_models", "arrays_of", "array_record",
-           "decode_array", "initial_models", "NPY_HEADER_LIMIT"]
+           "decode_array", "encode_array", "encodes", "kept_records", "initial_models", "NPY_HEADER_LIMIT"]
 
 _NPY_MAGIC = b"\x93NUMPY"
 NPY_HEADER_LIMIT = 4096
@@ -51,9 +54,69 @@ def arrays_of(record: ArrayRecord) -> dict[str, NDArray]:
     return {name: array.numpy() for name, array in record.items()}
 
 
+_PLAIN_KINDS = frozenset("biufc")
+"""dtype kinds whose ``.npy`` payload is the values' bytes (booleans, integers, floats, complex numbers)."""
+
+
+@lru_cache(maxsize=256)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The header ``np.save`` writes before the values of a C-ordered array of ``dtype`` (``dtype.str``) and
+    ``shape``: the same for every array of that layout, so made once."""
+    zeros = np.zeros(shape, dtype=dtype)
+    buffer = BytesIO()
+    np.save(buffer, zeros, allow_pickle=False)
+    data = buffer.getvalue()
+    return data[:len(data) - zeros.nbytes]
+
+
+def encode_array(value: NDArray) -> Array:
+    """``Array(np.ascontiguousarray(value))`` — the same fields and bytes — without ``np.save`` per array.
+
+    Flower's ``Array(ndarray)`` writes the ``.npy`` file into a buffer and builds the ``Array``
+    twice; for a plain numeric dtype the payload is the (cached) header followed by the values'
+    bytes, so it is assembled directly.  Other dtypes take Flower's constructor.
+    """
+    value = np.ascontiguousarray(value)
+    if value.dtype.kind not in _PLAIN_KINDS:
+        return Array(value)
+    shape = tuple(int(size) for size in value.shape)
+    return Array(dtype=str(value.dtype), shape=shape, stype=SType.NUMPY,
+                 data=_npy_header(value.dtype.str, shape) + value.tobytes())
+
+
 def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
-    """An ArrayRecord holding the given named numpy arrays."""
-    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    """An ArrayRecord holding the given named numpy arrays (:func:`encode_array`)."""
+    return ArrayRecord({name: encode_array(value) for name, value in arrays.items()})
+
+
+def encodes(record: ArrayRecord, arrays: Mapping[str, NDArray]) -> bool:
+    """Whether ``record`` holds exactly what :func:`array_record` makes of ``arrays``: the same names,
+    dtypes, shapes and payload bytes (``-0.0`` and ``0.0`` differ here; other than plain numeric
+    dtypes never match)."""
+    if list(record.keys()) != list(arrays):
+        return False
+    for name, array in record.items():
+        value = np.ascontiguousarray(arrays[name])
+        shape = tuple(int(size) for size in value.shape)
+        if value.dtype.kind not in _PLAIN_KINDS or array.stype != SType.NUMPY or array.dtype != str(value.dtype) \
+                or tuple(array.shape) != shape:
+            return False
+        header, data = _npy_header(value.dtype.str, shape), array.data
+        if len(data) != len(header) + value.nbytes or not data.startswith(header) \
+                or not data.endswith(value.tobytes()):
+            return False
+    return True
+
+
+def kept_records(records: Optional[Sequence[Optional[ArrayRecord]]],
+                 models: Sequence[Mapping[str, NDArray]]) -> Optional[list[Optional[ArrayRecord]]]:
+    """Of the records of the previous models (``None`` where none was made), those that still encode
+    ``models``, model by model (:func:`encodes`), ``None`` for the others; ``None`` for all when nothing
+    was encoded or the number of models differs."""
+    if records is None or len(records) != len(models):
+        return None
+    return [record if record is not None and encodes(record, model) else None
+            for record, model in zip(records, models)]
 
 
 def pack_cluster_models(cluster_models: Sequence[Mapping[str, NDArray]]) -> ArrayRecord:

@@ -25,7 +25,7 @@ from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.settings import RoutingSettings
 from fedroute.monitoring.recorder import RunRecorder
 from fedroute.strategies.identity import ClientBindings
-from fedroute.strategies.records import array_record, pack_cluster_records, unpack_cluster_models
+from fedroute.strategies.records import array_record, kept_records, pack_cluster_records, unpack_cluster_models
 from fedroute.strategies.rejections import RejectionLog
 from fedroute.strategies.results import ClientRoutes, RoundRecord
 from fedroute.strategies.validation import EvaluateReply
@@ -44,7 +44,8 @@ class RunState:
         self.server = server
         """Every client's latest report and the health evidence: :mod:`fedroute.core.server_step`."""
         self._cluster_models: Models = []
-        self._records: Optional[list[ArrayRecord]] = None
+        self._records: Optional[list[Optional[ArrayRecord]]] = None
+        """The encoded :attr:`cluster_models` (``None`` where a model is not encoded yet)."""
         self._packed: Optional[ArrayRecord] = None
         self.routing_masses: Optional[NDArray[np.float64]] = None
         """``μ̂``: the masses the clients receive (the federation estimate, :mod:`fedroute.core.federation`)."""
@@ -91,16 +92,25 @@ class RunState:
 
     @cluster_models.setter
     def cluster_models(self, models: Sequence[dict[str, NDArray]]) -> None:
-        self._cluster_models = list(models)
-        self._records = None  # encoded again (once) when next sent
-        self._packed = None
+        models = list(models)
+        kept = kept_records(self._records, models)
+        self._cluster_models = models
+        if kept is None or any(record is None for record in kept):  # encoded again (once) when next sent
+            self._records, self._packed = kept, None
+        # else: every record still encodes its model: they and the packed record stay
 
     def model_records(self) -> list[ArrayRecord]:
         """The ``K`` cluster models as ArrayRecords: encoded once per model version, shared by every
-        message that carries them (Flower serialises each message's content when it delivers it)."""
-        if self._records is None:
-            self._records = [array_record(model) for model in self._cluster_models]
-        return self._records
+        message that carries them (Flower serialises each message's content when it delivers it).
+
+        A model that a new assignment leaves byte for byte unchanged (a cluster no client trained this
+        round) keeps its record: only the changed ones are encoded again."""
+        records = self._records
+        if records is None or any(record is None for record in records):
+            records = [array_record(model) if records is None or records[k] is None else records[k]
+                       for k, model in enumerate(self._cluster_models)]
+            self._records = records
+        return records
 
     def packed_models(self) -> ArrayRecord:
         """The ``K`` models packed in one ArrayRecord (what ``start`` carries between rounds), built from
