@@ -19,6 +19,7 @@ This module imports no Flower: it only names things and converts arrays.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Mapping, Sequence
 
@@ -170,7 +171,7 @@ def unflatten_arrays(vector: NDArray, template: Mapping[str, NDArray]) -> dict[s
     """Split a flat vector back into arrays shaped and typed like ``template``."""
     arrays, offset = {}, 0
     for name, value in template.items():
-        size = int(np.prod(value.shape))
+        size = math.prod(value.shape)
         arrays[name] = np.asarray(vector[offset:offset + size]).reshape(value.shape).astype(value.dtype)
         offset += size
     if offset != len(vector):

@@ -27,6 +27,7 @@ the same rows for all ``K`` models and every round, kept in their order.  The
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -57,7 +58,7 @@ def stacked_state(vectors: NDArray[np.floating], layout: Layout, device: Any) ->
     flat = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32)).to(device)
     state, offset = {}, 0
     for name, shape, dtype in layout:
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)
         state[name] = flat[:, offset:offset + size].reshape(len(flat), *shape).to(dtype)
         offset += size
     if offset != flat.shape[1]:

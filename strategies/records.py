@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from io import BytesIO
 from typing import Mapping, Optional, Sequence
@@ -35,7 +36,7 @@ def decode_array(array: Array) -> NDArray:
     data = array.data
     try:
         dtype = np.dtype(array.dtype)
-        count = int(np.prod(array.shape, dtype=np.int64))
+        count = int(math.prod(array.shape))
         if array.stype != "numpy.ndarray" or data[:6] != _NPY_MAGIC or dtype.hasobject:
             raise ValueError
         length_bytes = 2 if data[6] == 1 else 4  # format version 1.0, else 2.0/3.0
@@ -69,6 +70,22 @@ def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     return data[:len(data) - zeros.nbytes]
 
 
+@lru_cache(maxsize=256)
+def _dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, the ``Array``'s ``dtype`` field (numpy computes it in Python on every call)."""
+    return str(dtype)
+
+
+def _plain(value: NDArray) -> Optional[tuple[NDArray, tuple[int, ...], bytes]]:
+    """``value`` C-ordered, its shape and its ``.npy`` header — or ``None`` if its dtype is not plain
+    numeric (its payload is then not just the values' bytes)."""
+    value = np.ascontiguousarray(value)
+    if value.dtype.kind not in _PLAIN_KINDS:
+        return None
+    shape = tuple(int(size) for size in value.shape)
+    return value, shape, _npy_header(value.dtype.str, shape)
+
+
 def encode_array(value: NDArray) -> Array:
     """``Array(np.ascontiguousarray(value))`` — the same fields and bytes — without ``np.save`` per array.
 
@@ -76,12 +93,10 @@ def encode_array(value: NDArray) -> Array:
     twice; for a plain numeric dtype the payload is the (cached) header followed by the values'
     bytes, so it is assembled directly.  Other dtypes take Flower's constructor.
     """
-    value = np.ascontiguousarray(value)
-    if value.dtype.kind not in _PLAIN_KINDS:
-        return Array(value)
-    shape = tuple(int(size) for size in value.shape)
-    return Array(dtype=str(value.dtype), shape=shape, stype=SType.NUMPY,
-                 data=_npy_header(value.dtype.str, shape) + value.tobytes())
+    if (plain := _plain(value)) is None:
+        return Array(np.ascontiguousarray(value))
+    value, shape, header = plain
+    return Array(dtype=_dtype_name(value.dtype), shape=shape, stype=SType.NUMPY, data=header + value.tobytes())
 
 
 def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
@@ -91,18 +106,17 @@ def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
 
 def encodes(record: ArrayRecord, arrays: Mapping[str, NDArray]) -> bool:
     """Whether ``record`` holds exactly what :func:`array_record` makes of ``arrays``: the same names,
-    dtypes, shapes and payload bytes (``-0.0`` and ``0.0`` differ here; other than plain numeric
-    dtypes never match)."""
+    dtypes, shapes and payload bytes (``-0.0`` and ``0.0`` differ here; dtypes other than plain
+    numeric ones never match)."""
     if list(record.keys()) != list(arrays):
         return False
     for name, array in record.items():
-        value = np.ascontiguousarray(arrays[name])
-        shape = tuple(int(size) for size in value.shape)
-        if value.dtype.kind not in _PLAIN_KINDS or array.stype != SType.NUMPY or array.dtype != str(value.dtype) \
-                or tuple(array.shape) != shape:
+        if (plain := _plain(arrays[name])) is None:
             return False
-        header, data = _npy_header(value.dtype.str, shape), array.data
-        if len(data) != len(header) + value.nbytes or not data.startswith(header) \
+        value, shape, header = plain
+        data = array.data
+        if array.stype != SType.NUMPY or array.dtype != _dtype_name(value.dtype) or tuple(array.shape) != shape \
+                or len(data) != len(header) + value.nbytes or not data.startswith(header) \
                 or not data.endswith(value.tobytes()):
             return False
     return True
