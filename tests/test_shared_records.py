@@ -79,3 +79,38 @@ def test_a_clientapp_overwriting_what_it_received_changes_nothing_for_the_others
     final = np.stack([models[f"exp3/cluster-{k}"] for k in range(2)])
     np.testing.assert_allclose(final, expected.cluster_models[-1], rtol=0, atol=1e-12)
     assert np.abs(final).max() < 1e3  # no overwritten value (1e6) was averaged in
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(12, dtype=np.float32).reshape(3, 4), np.array(2.5), np.arange(5), np.zeros((0, 3)),
+    np.array([True, False]), np.arange(12.0).reshape(4, 3).T, np.arange(6, dtype=">i4").reshape(2, 3),
+    np.array([1 + 2j]), np.zeros(2, dtype=np.float16), np.array(["a", "b"]),
+])
+def test_encode_array_makes_the_array_flowers_constructor_makes(value: np.ndarray) -> None:
+    from flwr.app import Array
+
+    from fedroute.strategies.records import encode_array
+
+    assert encode_array(value).__dict__ == Array(np.ascontiguousarray(value)).__dict__
+
+
+def test_a_model_left_byte_for_byte_unchanged_keeps_its_record_and_a_changed_one_is_encoded_again() -> None:
+    strategy = _strategy()
+    state = strategy.state
+    before = state.model_records()
+    packed = state.packed_models()
+    state.cluster_models = [{name: value.copy() for name, value in model.items()} for model in state.cluster_models]
+    assert all(now is then for now, then in zip(state.model_records(), before))
+    assert state.packed_models() is packed  # nothing changed: the packed record stays too
+    changed = [{"w": np.full(3, 0.0), "b": np.array([-0.0])}, {"w": np.full(3, 1.0), "b": np.array([1.5])}]
+    state.cluster_models = changed  # cluster 0's b changed (0.5 → -0.0); cluster 1 the same values
+    records = state.model_records()
+    assert records[1] is before[1] and records[0] is not before[0]
+    assert state.packed_models() is not packed and state.packed_models()["cluster-1/w"] is before[1]["w"]
+    np.testing.assert_array_equal(records[0]["b"].numpy(), [-0.0])
+    state.cluster_models = [{"w": np.zeros(3), "b": np.array([0.0])}, changed[1]]  # 0.0 is not the sent -0.0
+    assert np.signbit(state.model_records()[0]["b"].numpy()).tolist() == [False]
+    changed[1]["w"][:] = 9.0  # changed in place, then assigned again: its bytes differ from the record's
+    state.cluster_models = [state.cluster_models[0], changed[1]]
+    np.testing.assert_array_equal(state.model_records()[1]["w"].numpy(), [9.0, 9.0, 9.0])
+    assert before[1]["w"].numpy().tolist() == [1.0, 1.0, 1.0]  # a record sent earlier is never changed
