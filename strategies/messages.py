@@ -49,7 +49,7 @@ def node_messages(node_ids: Iterable[int], message_type: str, records: dict[str,
 
     Sharing is safe: Flower delivers a copy of each message's content (the simulation pickles it to the
     ClientApp's Ray actor, deployment serialises it to the SuperLink), and the strategy never changes a
-    record it sent (a new round builds new ones); ``tests/test_shared_records.py`` checks that one
+    record it sent (a changed model gets a new record); ``tests/test_shared_records.py`` checks that one
     ClientApp overwriting what it received changes nothing for the others.
     """
     config_record = ConfigRecord(dict(config))
