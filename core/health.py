@@ -36,9 +36,15 @@ presets explore always).  After every round the server reads the federation esti
   group's model far worse than their own.
 
 Exploration is on at the start of a run, until the federation has been calm (no cluster that
-is not spare unwanted) for ``collapse_patience`` rounds in a row — the start is when clusters
-are still fluid and exploring costs least — and afterwards while some cluster is a collapse
-sign and not spare.  Nothing
+is not spare unwanted; with ``calm_when_stable``, also a round whose routes are stable and
+healthy: ``p̂`` unchanged, no collapse sign, every cluster that is not spare some client's best)
+for ``collapse_patience`` rounds in a row — the start is when clusters are still fluid and
+exploring costs least — and afterwards while some cluster is a collapse sign and not spare.
+Stability is the evidence that separates a small group's model from a starving one while
+exploring: Rank Hedge's random routes train every model a little on every group, so the model of
+a 10 % minority with noisy labels drifts in and out of the majority's reach and is unwanted every
+few rounds, which kept the start exploring to the end of the run (``boundaries-minority-noisy``);
+its clients' choices, though, stay the same round after round.  Nothing
 here depends on which clients were sampled in a round: it reads the estimate.  One
 implementation serves both runtimes (the strategy with one run, the simulator with ``R``).
 """
@@ -83,6 +89,8 @@ class ClusterHealth:
         The cluster whose model the server copied into this one after the round (``-1``: none).
     reseeds : ndarray of int, shape (R, K)
         Times the cluster was re-seeded (at most :data:`MAX_RESEEDS`; reset when clients join).
+    previous_preferred : ndarray, shape (R, K)
+        ``p̂`` of the round before (``-1`` before any round): routes are *stable* when it is unchanged.
     """
 
     unwanted_rounds: NDArray[np.int64]
@@ -96,6 +104,7 @@ class ClusterHealth:
     settled: NDArray[np.bool_]
     reseeded_from: NDArray[np.int64]
     reseeds: NDArray[np.int64]
+    previous_preferred: NDArray[np.float64]
 
     @classmethod
     def initial(cls, num_runs: int, num_clusters: int) -> "ClusterHealth":
@@ -104,7 +113,8 @@ class ClusterHealth:
                    spare=np.zeros((num_runs, num_clusters), dtype=bool), known_clients=np.zeros(num_runs, np.int64),
                    twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy(),
                    calm_rounds=np.zeros(num_runs, np.int64), settled=np.zeros(num_runs, dtype=bool),
-                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy())
+                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy(),
+                   previous_preferred=np.full((num_runs, num_clusters), -1.0))
 
 
 @dataclass(frozen=True)
@@ -278,7 +288,12 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     budget = np.where(recovered | joined, 0,
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
     spare = still_spare | merged | (unwanted & (budget >= settings.spare_patience))
-    calm = np.where((unwanted & ~spare).any(axis=1), 0, health.calm_rounds + 1)
+    quiet = ~(unwanted & ~spare).any(axis=1)
+    if settings.calm_when_stable:                                        # stable, healthy routes are calm too
+        stable = np.all(np.abs(preferred_masses - health.previous_preferred) <= INCLUSIVE_SLACK, axis=1)
+        healthy = ~(sign & ~spare).any(axis=1) & ~((preferred_masses <= 0.0) & ~spare).any(axis=1)
+        quiet |= stable & healthy
+    calm = np.where(quiet, health.calm_rounds + 1, 0)
     reseeds = np.where(joined, 0, health.reseeds)
     targets = ((sign & (preferred_masses <= 0.0) & ~spare) | merged) & (reseeds < MAX_RESEEDS)
     source = reseeding(preferred_masses, targets, settings)
@@ -288,7 +303,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                             known_clients=np.maximum(known_clients, health.known_clients),
                             twin=np.where(fresh, -1, twins), twin_rounds=np.where(fresh, 0, twin_rounds),
                             calm_rounds=calm, settled=health.settled | (calm >= settings.collapse_patience),
-                            reseeded_from=source, reseeds=reseeds + fresh)
+                            reseeded_from=source, reseeds=reseeds + fresh,
+                            previous_preferred=np.asarray(preferred_masses, dtype=np.float64).copy())
     if reporting is not None and np.any(silent := np.asarray(reporting) == 0):
         updated = ClusterHealth(**{name: np.where(silent.reshape((-1,) + (1,) * (value.ndim - 1)),
                                                   getattr(health, name), value)

@@ -163,6 +163,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     duplicate_patience=20,
     reseed_empty=True,
     starving_needs_reach=True,
+    calm_when_stable=True,
     consolidation_loss_ratio=2.0,
     mass_threshold_unit="fair-share",
     reversal_mass_threshold=0.4,

@@ -98,6 +98,15 @@ class Participation:
         """``L``: rounds a client's latest report counts (:attr:`memory` or :func:`report_memory`)."""
         return int(self.memory) if self.memory is not None else report_memory(float(self.fraction))
 
+    def evidence_rounds(self, reports: int) -> int:
+        """Federation rounds in which a client reports about ``reports`` times: ``⌈reports / f⌉`` (``reports`` at ``f = 1``).
+
+        A patience that waits for the clients' evidence (:attr:`RoutingSettings.duplicate_patience
+        <fedroute.core.settings.RoutingSettings.duplicate_patience>`) counts reports, not rounds: a client
+        sampled one round in four has reported once in four rounds.
+        """
+        return int(reports) if self.fraction >= 1.0 else int(math.ceil(int(reports) / float(self.fraction) - 1e-9))
+
     def sample(self, client_ids: NDArray[np.int64], seed: int, round_index: int) -> NDArray[np.int64]:
         """The sorted ids of the clients that play round ``t`` out of the available ``client_ids``."""
         client_ids = np.unique(np.asarray(client_ids, dtype=np.int64))

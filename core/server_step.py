@@ -34,7 +34,7 @@ from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_r
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
 
-__all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health"]
+__all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health", "evidence_settings"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,8 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64, "wanted_rounds": np.int64,
            "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
-           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64}
+           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64,
+           "previous_preferred": np.float64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -189,9 +190,23 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                              federation.run_index[counted], num_runs, cluster_models.shape[-2],
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
         health, view = update_health(state.health, estimate.preferred_masses, twins,
-                                     federation.known_clients(num_runs), settings, estimate.reporting, reach)
+                                     federation.known_clients(num_runs), evidence_settings(settings, participation),
+                                     estimate.reporting, reach)
         outcome = _reseeded(outcome, health.reseeded_from)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
+
+
+def evidence_settings(settings: RoutingSettings, participation: Participation) -> RoutingSettings:
+    """The settings the health evidence is weighed with: ``duplicate_patience`` counted in the clients' reports.
+
+    Two clusters must stay duplicates for ``duplicate_patience`` rounds before the smaller is merged: the
+    time a re-seeded copy or a cluster a group has just won back needs to train apart from its twin.  A
+    model trains apart only in the rounds its clients play, so under partial participation the patience is
+    :meth:`Participation.evidence_rounds` of it (``⌈20 / f⌉``: 80 rounds at ``f = 0.25``); with every client
+    in every round the settings are returned unchanged.
+    """
+    patience = participation.evidence_rounds(settings.duplicate_patience)
+    return settings if patience == settings.duplicate_patience else replace(settings, duplicate_patience=patience)
 
 
 def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64]) -> RoundAggregate:

@@ -113,7 +113,9 @@ class RoutingSettings:
         does): the clients skip the smaller one in their Greedy choice.
     duplicate_patience : int
         Rounds (≥ 1) two clusters must stay duplicates before they are merged (at once
-        when the smaller one is spare).
+        when the smaller one is spare); under partial participation, rounds of the clients'
+        reports (``⌈duplicate_patience / f⌉`` federation rounds,
+        :func:`fedroute.core.server_step.evidence_settings`).
     reseed_empty : bool
         A collapse sign that no client prefers gets a copy of the most crowded cluster's
         model (with random tie-breaking; :func:`fedroute.core.health.reseeding`).
@@ -124,6 +126,12 @@ class RoutingSettings:
     explore_at_start : bool
         Under ``explore_on = "collapse"``: explore from round 0 until the federation has
         been calm for ``collapse_patience`` rounds (``True``), or only on collapse signs.
+    calm_when_stable : bool
+        A round also counts as calm for the end of the start when the routes are stable and
+        healthy: every client's Greedy choice as in the round before (``p̂`` unchanged), no
+        collapse sign, and every cluster that is not spare some client's best
+        (:func:`fedroute.core.health.update_health`).  Without it only a round with no unwanted
+        cluster is calm, and a small group's model whose reach flickers keeps the start exploring.
     """
 
     num_clusters: int = 2
@@ -155,6 +163,7 @@ class RoutingSettings:
     reseed_empty: bool = False
     explore_at_start: bool = True
     starving_needs_reach: bool = False
+    calm_when_stable: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -169,7 +178,7 @@ class RoutingSettings:
                    and bool(np.isfinite(value)), name, value, "a finite number")
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
                      "consolidate_duplicates", "reseed_empty", "explore_at_start",
-                     "starving_needs_reach"):
+                     "starving_needs_reach", "calm_when_stable"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,

@@ -226,3 +226,53 @@ def test_a_small_groups_own_model_is_not_a_collapse_sign() -> None:
     for _ in range(SETTINGS.collapse_patience):
         without, _ = update_health(without, np.array([masses]), np.array([NO_TWINS]), np.array([12]), SETTINGS)
     assert without.unwanted_rounds[0, 1] == SETTINGS.collapse_patience  # mass alone: it looked starving
+
+
+def test_stable_healthy_routes_end_the_start_while_a_small_groups_model_flickers_in_reach() -> None:
+    """``calm_when_stable``: a 10 % group's model (share 0.1 ≤ 0.4/3) drifts in and out of the majority's reach
+    while the start explores, so it is unwanted every other round; its clients' choices do not change, and that
+    ends the start.  A stable route with a cluster nobody prefers is a collapse, not calm."""
+    masses = np.array([[0.45, 0.45, 0.1]])
+
+    def explores(settings, masses, rounds: int = 8) -> list[bool]:
+        health, flags = ClusterHealth.initial(1, 3), []
+        for t in range(rounds):
+            reach = np.array([[False, False, t % 2 == 0]])
+            health, view = update_health(health, masses, np.array([NO_TWINS]), np.array([20]), settings, reach=reach)
+            flags.append(bool(view.explore[0]))
+        return flags
+
+    assert SETTINGS.calm_when_stable                                        # the generic default
+    # Round 0 has no earlier routes; rounds 1-3 stable and healthy: calm for the patience (3).
+    assert explores(SETTINGS, masses) == [True, True, True, False, False, False, False, False]
+    without = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=4, duplicate_patience=2,
+                              calm_when_stable=False)
+    assert all(explores(without, masses))                                   # calm never lasts 3 rounds
+    patient = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=100)
+    assert all(explores(patient, np.array([[0.6, 0.4, 0.0]])))              # stable, but cluster 2 is nobody's best
+
+
+def test_duplicates_wait_for_the_clients_reports_under_partial_participation() -> None:
+    """``evidence_settings``: ``duplicate_patience`` counts reports; at ``f = 0.5`` a client reports every other
+    round, so a pair merges after ``⌈2 / 0.5⌉ = 4`` rounds instead of 2."""
+    from fedroute.core.server_step import evidence_settings
+
+    assert Participation(0.25).evidence_rounds(20) == 80 and Participation(0.1).evidence_rounds(20) == 200
+    assert evidence_settings(SETTINGS, Participation()) is SETTINGS
+    assert evidence_settings(SETTINGS, Participation(0.5)).duplicate_patience == 4
+    # Group 0 split over the duplicates 0 and 1, group 1 on cluster 2 (as in the duplicate test above).
+    losses = np.array([[0.02, 0.1, 3.0]] * 3 + [[0.1, 0.02, 3.0]] * 3 + [[4.0, 4.0, 0.05]] * 6)
+    replies = RoundReplies(rows=np.arange(12), routes=losses.argmin(axis=1), preferred=losses.argmin(axis=1),
+                           num_examples=np.ones(12), losses=losses, trained_models=np.zeros((12, 2)))
+
+    def merged_after(participation: Participation) -> int:
+        state = server_init(FederationState.of_clients(np.arange(12), 3), 1, 3, SETTINGS, participation)
+        state = ServerState(federation=state.federation, estimate=None, health=_settled(), view=None)
+        for t in range(10):
+            _, state = server_step(np.zeros((3, 2)), state, replies, t, SETTINGS, participation, InfluenceBounds())
+            if (state.view.merged_into >= 0).any():
+                return t + 1
+        return -1
+
+    assert merged_after(Participation()) == 2
+    assert merged_after(Participation(0.5)) == 4
