@@ -89,8 +89,6 @@ class ClusterHealth:
         The cluster whose model the server copied into this one after the round (``-1``: none).
     reseeds : ndarray of int, shape (R, K)
         Times the cluster was re-seeded (at most :data:`MAX_RESEEDS`; reset when clients join).
-    previous_preferred : ndarray, shape (R, K)
-        ``p̂`` of the round before (``-1`` before any round): routes are *stable* when it is unchanged.
     """
 
     unwanted_rounds: NDArray[np.int64]
@@ -104,7 +102,6 @@ class ClusterHealth:
     settled: NDArray[np.bool_]
     reseeded_from: NDArray[np.int64]
     reseeds: NDArray[np.int64]
-    previous_preferred: NDArray[np.float64]
 
     @classmethod
     def initial(cls, num_runs: int, num_clusters: int) -> "ClusterHealth":
@@ -113,8 +110,7 @@ class ClusterHealth:
                    spare=np.zeros((num_runs, num_clusters), dtype=bool), known_clients=np.zeros(num_runs, np.int64),
                    twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy(),
                    calm_rounds=np.zeros(num_runs, np.int64), settled=np.zeros(num_runs, dtype=bool),
-                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy(),
-                   previous_preferred=np.full((num_runs, num_clusters), -1.0))
+                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy())
 
 
 @dataclass(frozen=True)
@@ -246,7 +242,8 @@ def _side(own: NDArray[np.float64], cluster: int, twin: int) -> tuple[float, flo
 def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], twins: NDArray[np.int64],
                   known_clients: NDArray[np.int64], settings: RoutingSettings,
                   reporting: Optional[NDArray[np.int64]] = None,
-                  reach: Optional[NDArray[np.bool_]] = None) -> tuple[ClusterHealth, RoutingView]:
+                  reach: Optional[NDArray[np.bool_]] = None,
+                  previous_preferred: Optional[NDArray[np.float64]] = None) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
     Parameters
@@ -265,6 +262,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     reach : ndarray of bool, shape (R, K), optional
         :func:`within_reach`: a cluster that some clients prefer but no other client finds close
         serves a small group and is not unwanted (``None``: every cluster counts as within reach).
+    previous_preferred : ndarray, shape (R, K), optional
+        ``p̂`` of the round before (the previous federation estimate's; ``None`` before any): with
+        ``calm_when_stable`` routes are *stable* when ``p̂`` is unchanged from it.
 
     Returns
     -------
@@ -290,7 +290,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     spare = still_spare | merged | (unwanted & (budget >= settings.spare_patience))
     quiet = ~(unwanted & ~spare).any(axis=1)
     if settings.calm_when_stable:                                        # stable, healthy routes are calm too
-        stable = np.all(np.abs(preferred_masses - health.previous_preferred) <= INCLUSIVE_SLACK, axis=1)
+        stable = (np.zeros(len(preferred_masses), dtype=bool) if previous_preferred is None else
+                  np.all(np.abs(preferred_masses - previous_preferred) <= INCLUSIVE_SLACK, axis=1))
         healthy = ~(sign & ~spare).any(axis=1) & ~((preferred_masses <= 0.0) & ~spare).any(axis=1)
         quiet |= stable & healthy
     calm = np.where(quiet, health.calm_rounds + 1, 0)
@@ -303,8 +304,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                             known_clients=np.maximum(known_clients, health.known_clients),
                             twin=np.where(fresh, -1, twins), twin_rounds=np.where(fresh, 0, twin_rounds),
                             calm_rounds=calm, settled=health.settled | (calm >= settings.collapse_patience),
-                            reseeded_from=source, reseeds=reseeds + fresh,
-                            previous_preferred=np.asarray(preferred_masses, dtype=np.float64).copy())
+                            reseeded_from=source, reseeds=reseeds + fresh)
     if reporting is not None and np.any(silent := np.asarray(reporting) == 0):
         updated = ClusterHealth(**{name: np.where(silent.reshape((-1,) + (1,) * (value.ndim - 1)),
                                                   getattr(health, name), value)

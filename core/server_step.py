@@ -114,8 +114,7 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64, "wanted_rounds": np.int64,
            "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
-           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64,
-           "previous_preferred": np.float64}
+           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -191,7 +190,8 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
         health, view = update_health(state.health, estimate.preferred_masses, twins,
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
-                                     estimate.reporting, reach)
+                                     estimate.reporting, reach,
+                                     None if state.estimate is None else state.estimate.preferred_masses)
         outcome = _reseeded(outcome, health.reseeded_from)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
 

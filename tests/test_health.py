@@ -238,7 +238,8 @@ def test_stable_healthy_routes_end_the_start_while_a_small_groups_model_flickers
         health, flags = ClusterHealth.initial(1, 3), []
         for t in range(rounds):
             reach = np.array([[False, False, t % 2 == 0]])
-            health, view = update_health(health, masses, np.array([NO_TWINS]), np.array([20]), settings, reach=reach)
+            health, view = update_health(health, masses, np.array([NO_TWINS]), np.array([20]), settings, reach=reach,
+                                         previous_preferred=None if t == 0 else masses)
             flags.append(bool(view.explore[0]))
         return flags
 
