@@ -116,8 +116,10 @@ def encodes(record: ArrayRecord, arrays: Mapping[str, NDArray]) -> bool:
         value, shape, header = plain
         data = array.data
         if array.stype != SType.NUMPY or array.dtype != _dtype_name(value.dtype) or tuple(array.shape) != shape \
-                or len(data) != len(header) + value.nbytes or not data.startswith(header) \
-                or not data.endswith(value.tobytes()):
+                or len(data) != len(header) + value.nbytes or not data.startswith(header):
+            return False
+        payload = np.frombuffer(data, dtype=np.uint8, count=value.nbytes, offset=len(header))
+        if not np.array_equal(payload, value.reshape(-1).view(np.uint8)):  # bytes, in place: no copy of the model
             return False
     return True
 
