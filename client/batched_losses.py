@@ -39,15 +39,18 @@ from torch.nn import functional as F
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
-__all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
+__all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "model_states", "each_or_none", "batched_or_none",
+           "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
 
 logger = logging.getLogger("fedroute")
 
 LOSS_RTOL, LOSS_ATOL = 1e-5, 1e-6
-"""Agreement of the batched and the looped losses (float32 arithmetic in another order)."""
+"""Agreement of the batched (and the :meth:`DataLoss.each`) and the looped losses (float32 arithmetic in another
+order)."""
 
 FALLBACK_ERRORS = (RuntimeError, TypeError, ValueError, NotImplementedError, IndexError)
-"""What a batched pass may raise on a module ``vmap`` cannot run; the client then uses the loop."""
+"""What a batched (or :meth:`DataLoss.each`) pass may raise on a module it cannot run; the client then uses the
+loop."""
 
 Layout = Sequence[tuple[str, tuple[int, ...], torch.dtype]]
 """``(name, shape, dtype)`` of every ``state_dict`` entry, in order."""
@@ -64,6 +67,65 @@ def stacked_state(vectors: NDArray[np.floating], layout: Layout, device: Any) ->
     if offset != flat.shape[1]:
         raise ValueError(f"vectors have {flat.shape[1]} entries; the module's state_dict has {offset}")
     return state
+
+
+def _conv_weights(module: torch.nn.Module) -> frozenset[str]:
+    """``state_dict`` names of the 2-D convolutions' (4-D) weights: what the channels-last path lays out so."""
+    return frozenset(f"{name}.weight" if name else "weight" for name, child in module.named_modules()
+                     if isinstance(child, (torch.nn.Conv2d, torch.nn.ConvTranspose2d)))
+
+
+def model_states(vectors: NDArray[np.floating], layout: Layout, device: Any,
+                 channels_last: Sequence[str] | frozenset[str] = ()) -> list[dict[str, torch.Tensor]]:
+    """``K`` flat vectors as ``K`` states ``{name: tensor}``, views into one tensor (one conversion, one transfer).
+
+    Parameters
+    ----------
+    vectors : ndarray, shape (K, P)
+        The models, entries in ``layout`` order.
+    layout : sequence of (name, shape, dtype)
+        The module's ``state_dict`` entries.
+    device : torch.device
+        Where the states go.
+    channels_last : collection of str, optional
+        Names of 4-D entries to lay out channels-last (a copy of just those, small: convolution
+        weights); every other entry is a view.
+
+    Returns
+    -------
+    list of dict
+        One state per row of ``vectors``, for :func:`torch.func.functional_call`.
+
+    Raises
+    ------
+    ValueError
+        If the vectors' length is not the layout's.
+    """
+    source = torch.from_numpy(np.ascontiguousarray(vectors))
+    if source.dim() != 2:
+        raise ValueError(f"vectors must be (K, P), got shape {tuple(source.shape)}")
+    sizes = [math.prod(shape) for _, shape, _ in layout]
+    if sum(sizes) != source.shape[1]:
+        raise ValueError(f"vectors have {source.shape[1]} entries; the module's state_dict has {sum(sizes)}")
+    weight: dict[torch.dtype, int] = {}
+    for (_, _, dtype), size in zip(layout, sizes):
+        weight[dtype] = weight.get(dtype, 0) + size
+    common = max(weight, key=weight.get) if weight else torch.float32  # type: ignore[arg-type]
+    flat = source.to(device=device, dtype=common)
+    other = source.to(device) if len(weight) > 1 else flat  # the few entries of another dtype: from the source
+    states: list[dict[str, torch.Tensor]] = [{} for _ in range(len(source))]
+    offset = 0
+    for (name, shape, dtype), size in zip(layout, sizes):
+        for k, state in enumerate(states):
+            if dtype == common:
+                value = flat[k, offset:offset + size].view(shape)
+            else:
+                value = other[k, offset:offset + size].view(shape).to(dtype)
+            if name in channels_last and value.dim() == 4:
+                value = value.contiguous(memory_format=torch.channels_last)
+            state[name] = value
+        offset += size
+    return states
 
 
 def stacked_outputs(module: torch.nn.Module, state: dict[str, torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
@@ -159,6 +221,7 @@ class DataLoss:
             channels_last = self.inputs.dim() == 4 and self.inputs.device.type == "cpu"
         self._loop_inputs = self.inputs.contiguous(memory_format=torch.channels_last) \
             if channels_last and self.inputs.dim() == 4 else self.inputs
+        self._each_channels_last = bool(channels_last) and self.inputs.dim() == 4
 
     def _batches(self, inputs: Optional[torch.Tensor] = None) -> Any:
         inputs = self.inputs if inputs is None else inputs
@@ -178,6 +241,48 @@ class DataLoss:
                 self._loop_inputs = self.inputs
         return self._loop_total(model, self.inputs) / len(self.inputs)
 
+    def each(self, model: torch.nn.Module, vectors: NDArray[np.floating], layout: Layout) -> NDArray[np.float64]:
+        """The mean loss of each of the ``K`` models ``vectors`` (rows in ``layout``), one pass per model.
+
+        The looped losses without loading the models: the ``(K, P)`` vectors become one tensor
+        (:func:`model_states`: each model's state views into it) and
+        ``torch.func.functional_call(model, state_k, (x,))`` runs each model on each batch, under
+        ``torch.no_grad()``.  With channels-last inputs (images on the CPU) the convolutions' 4-D weights
+        are laid out channels-last too, so the whole network runs channels-last — for 1-channel images
+        a contiguous batch already counts as channels-last, and with the module's own (NCHW) weights the
+        network ran NCHW, where ``max_pool2d`` on the convolution's output is slow (docs/performance.md,
+        "Batched K-model losses").  The losses agree with :meth:`__call__` after loading each vector to
+        ``rtol = LOSS_RTOL = 1e-5``, ``atol = LOSS_ATOL = 1e-6`` (float32 sums in another order).
+
+        ``model`` only supplies the architecture (its own parameters and buffers are not used or changed;
+        it should be in ``eval()`` mode, as the loop's).  A module that rejects channels-last activations
+        (``x.view(...)`` on one: ``RuntimeError``) is retried with contiguous inputs and weights, for good.
+
+        Raises
+        ------
+        FALLBACK_ERRORS
+            What ``functional_call`` raises on a module it cannot run (:func:`each_or_none` then falls
+            back to the loop).
+        """
+        device = self.inputs.device
+        if self._each_channels_last:
+            try:
+                return self._each_totals(model, model_states(vectors, layout, device, _conv_weights(model)),
+                                         self._loop_inputs)
+            except RuntimeError:  # e.g. x.view(...) on a channels-last activation: contiguous from now on
+                self._each_channels_last = False
+        return self._each_totals(model, model_states(vectors, layout, device), self.inputs)
+
+    def _each_totals(self, model: torch.nn.Module, states: list[dict[str, torch.Tensor]],
+                     inputs: torch.Tensor) -> NDArray[np.float64]:
+        totals = [0.0] * len(states)
+        call = torch.func.functional_call
+        with torch.no_grad():
+            for x, y in self._batches(inputs):
+                for k, state in enumerate(states):
+                    totals[k] += float(self.criterion(call(model, state, (x,)), y)) * len(y)
+        return np.asarray(totals, dtype=np.float64) / len(self.inputs)
+
     def batched(self, model: torch.nn.Module, vectors: NDArray[np.floating], layout: Layout) -> NDArray[np.float64]:
         """The mean loss of each of the ``K`` models ``vectors`` (rows in ``layout``), in one pass per batch.
 
@@ -191,6 +296,32 @@ class DataLoss:
             for x, y in self._batches():
                 totals += criterion(stacked_outputs(model, state, x), y).double() * len(y)
         return (totals / len(self.inputs)).cpu().numpy()
+
+
+def each_or_none(loss_fn: Any, model: torch.nn.Module, vectors: NDArray[np.floating],
+                 layout: Layout) -> Optional[NDArray[np.float64]]:
+    """``loss_fn.each(...)`` if ``loss_fn`` offers it and the module allows it; ``None`` = use the loop.
+
+    A module ``functional_call`` cannot run (:data:`FALLBACK_ERRORS`) is logged once (INFO) and marked
+    (``loss_fn.each_failed``), so the loop is used from then on.  A :class:`DataLoss` subclass that
+    overrides ``__call__`` but not ``each`` keeps its own ``__call__`` (the loop).
+    """
+    each = getattr(loss_fn, "each", None)
+    if not callable(each) or getattr(loss_fn, "each_failed", False):
+        return None
+    if isinstance(loss_fn, DataLoss) and type(loss_fn).__call__ is not DataLoss.__call__ \
+            and type(loss_fn).each is DataLoss.each:
+        return None
+    try:
+        return np.asarray(each(model, vectors, layout), dtype=np.float64)
+    except FALLBACK_ERRORS as error:
+        try:
+            loss_fn.each_failed = True
+        except AttributeError:  # pragma: no cover - a loss_fn with __slots__
+            pass
+        logger.info("K-model losses without loading unavailable for %s (%s: %s); loading each model",
+                    type(model).__name__, type(error).__name__, str(error).splitlines()[0][:200])
+        return None
 
 
 def batched_or_none(loss_fn: Any, model: torch.nn.Module, vectors: NDArray[np.floating],

@@ -271,7 +271,9 @@ class TorchClient:
         allows it; otherwise (and with ``False``) one pass per model.  ``"auto"``: batched
         when the loss function's data are on a GPU; on the CPU the loop, which measured
         as fast or faster there (``vmap`` turns convolutions into grouped ones;
-        docs/performance.md, "Batched K-model losses").
+        docs/performance.md, "Batched K-model losses").  The one-pass-per-model path of a
+        ``DataLoss`` is its :meth:`~fedroute.client.batched_losses.DataLoss.each` (the models
+        as ``functional_call`` states, not loaded; the loop on a module it cannot run).
     metrics_fn : callable, optional
         ``metrics_fn(model) -> {name: number}`` (e.g. ``{"accuracy": 0.93}``), the user's
         evaluation metrics of one model; :meth:`metrics` calls it on each model.
@@ -382,6 +384,9 @@ class TorchClient:
             batched = self._batched_losses(loss_fn, models)
             if batched is not None:
                 return batched.reshape(1, -1)
+        each = self._each_losses(loss_fn, models)  # one pass per model, without loading them
+        if each is not None:
+            return each.reshape(1, -1)
         values = np.empty((1, len(models)))
         for k, vector in enumerate(models):
             self.load_vector(vector)
@@ -399,12 +404,26 @@ class TorchClient:
                 return None
         from fedroute.client.batched_losses import batched_or_none
 
+        return self._in_eval(batched_or_none, loss_fn, models)
+
+    def _each_losses(self, loss_fn: LossFunction, models: NDArray[np.floating]) -> Optional[NDArray[np.float64]]:
+        """The ``K`` losses by ``loss_fn.each`` (a :class:`~fedroute.client.batched_losses.DataLoss`: one
+        ``functional_call`` per model and batch, no ``load_state_dict``), else ``None`` (the loop runs)."""
+        if not callable(getattr(loss_fn, "each", None)):
+            return None
+        from fedroute.client.batched_losses import each_or_none
+
+        return self._in_eval(each_or_none, loss_fn, models)
+
+    def _in_eval(self, scorer: Callable[..., Optional[NDArray[np.float64]]], loss_fn: LossFunction,
+                 models: NDArray[np.floating]) -> Optional[NDArray[np.float64]]:
+        """``scorer(loss_fn, module, models, layout)`` with the module in ``eval()`` mode."""
         state = self.model.state_dict()
         layout = [(name, shape, state[name].dtype) for name, shape in zip(self._names, self._shapes)]
         was_training = self.model.training
         self.model.eval()
         try:
-            return batched_or_none(loss_fn, self.model, models, layout)
+            return scorer(loss_fn, self.model, models, layout)
         finally:
             self.model.train(was_training)
 
