@@ -14,7 +14,13 @@ would hide milliseconds), for
   what routing cost before;
 * **routing, DataLoss looped**: the ``loss_fn`` a
   :class:`~fedroute.client.batched_losses.DataLoss` (batches of 128 rows, images in
-  the channels-last layout on the CPU), run once per model (``batched=False``);
+  the channels-last layout on the CPU), run once per model (``batched=False``): since
+  issue 24 item 5 that is :meth:`~fedroute.client.batched_losses.DataLoss.each` (the
+  ``K`` models as ``functional_call`` states, convolution weights channels-last, no
+  ``load_state_dict``);
+* **routing, DataLoss loaded** (``--kinds … loaded``, not run by default): the same
+  ``DataLoss`` behind a plain function, so the client loads each model into the module
+  and calls it (the looped path before ``each``);
 * **routing, DataLoss batched**: the same with ``batched=True``: the ``K`` losses in
   one ``torch.func.vmap(functional_call)`` pass per data batch;
 * **routing, DataLoss on m rows**: the looped ``DataLoss`` with ``max_rows = m``
@@ -148,6 +154,9 @@ def _user_loss(images: Any, labels: Any) -> Callable[[Any], float]:
 KINDS = ("user", "loop", "batched")
 """The routing configurations on every row: the user's ``loss_fn``, ``DataLoss`` looped, ``DataLoss`` batched."""
 
+KIND_CHOICES = (*KINDS, "loaded")
+"""``--kinds`` may also name ``loaded``: ``DataLoss`` behind a plain function (each model loaded, then scored)."""
+
 ROWS_PREFIX = "rows-"
 """Configuration ``rows-m``: the looped ``DataLoss`` with ``max_rows = m``."""
 
@@ -158,6 +167,9 @@ def _routing_loss(workload: Workload, kind: str, client: int) -> Callable[[Any],
 
     if kind == "user":
         return _user_loss(*workload.data[client])
+    if kind == "loaded":
+        loss = DataLoss(*workload.data[client], client_id=client)
+        return lambda model: loss(model)  # a plain function: no each(), the client loads every model
     max_rows = int(kind[len(ROWS_PREFIX):]) if kind.startswith(ROWS_PREFIX) else None
     return DataLoss(*workload.data[client], max_rows=max_rows, client_id=client)
 
@@ -249,6 +261,7 @@ def _label(kind: str) -> str:
         return f"DataLoss looped on {kind[len(ROWS_PREFIX):]} rows (max_rows)"
     return {"user": "the user's loss_fn (one pass over all rows), looped",
             "loop": "DataLoss looped (batches of 128, channels-last on the CPU)",
+            "loaded": "DataLoss loaded per model (load_state_dict, then the loop)",
             "batched": "DataLoss batched (torch.func.vmap)"}[kind]
 
 
@@ -291,7 +304,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8])
     parser.add_argument("--rows", nargs="*", type=int, default=[64, 32],
                         help="also DataLoss with max_rows = each of these (the routing losses on a subsample)")
-    parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS,
+    parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KIND_CHOICES,
                         help="the full-data routing configurations to run")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)

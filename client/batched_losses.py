@@ -17,6 +17,24 @@ Where a module does not allow it (data-dependent control flow, ``.item()`` in
 ``forward``, in-place updates of buffers, …) the batched pass raises; the
 client then falls back to the loop, for good (:data:`FALLBACK_ERRORS`).
 
+On the CPU (``batched`` ``False`` or ``"auto"``) the client scores a
+:class:`DataLoss` one model at a time with :meth:`DataLoss.each` instead of
+``K`` ``load_state_dict`` + ``loss_fn`` calls: the ``(K, P)`` vectors are
+converted once into one tensor, each model's state is a set of views into it
+(:func:`model_states`), and ``torch.func.functional_call(model, state_k, (x,))``
+runs each model on each batch under ``torch.no_grad()`` — no module loads, no
+copies but the convolutions' 4-D weights, which it lays out channels-last.  That
+matters for 1-channel images: an ``(n, 1, H, W)`` batch already *counts* as
+channels-last (its strides are ambiguous), so ``contiguous(channels_last)`` left
+it as it was and, with the module's NCHW weights, the network ran NCHW, where
+``max_pool2d`` on the second convolution's output took ≈ 0.9–1.35 ms instead of
+≈ 0.1 ms (digits CNN, 96 rows); with channels-last weights the whole network
+runs channels-last (one digits forward pass ≈ 2.1 → 1.1 ms).  The losses agree
+with the loop to ``LOSS_RTOL``, ``LOSS_ATOL`` (``tests/test_each_losses.py``).
+A module that rejects channels-last activations (``x.view(...)``) is rerun
+contiguous, for good; one ``functional_call`` cannot run falls back to the loop
+(:func:`each_or_none`, logged once at INFO).
+
 ``max_rows`` scores the models on a fixed subsample of the rows instead
 (:func:`loss_rows`): at most ``max_rows`` of them, drawn once per client from
 ``(seed, client_id, 0, Purpose.LOSS_ROWS)`` (:mod:`fedroute.core.randomness`),

@@ -103,7 +103,9 @@ def routing_train(
         With a :class:`~fedroute.client.batched_losses.DataLoss` as ``loss_fn``: score the
         ``K`` models in one ``torch.func.vmap`` pass (``True``), one pass each (``False``), or
         batched when its data are on a GPU (``"auto"``); a module ``vmap`` cannot run falls
-        back to the loop.  A plain function ``loss_fn`` always runs once per model.
+        back to the loop.  One pass each is :meth:`~fedroute.client.batched_losses.DataLoss.each`
+        (the models as ``functional_call`` states, not loaded into ``model``).  A plain function
+        ``loss_fn`` always runs once per model, each model loaded.
 
     Returns
     -------
