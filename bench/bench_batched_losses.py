@@ -260,7 +260,7 @@ def _label(kind: str) -> str:
     if kind.startswith(ROWS_PREFIX):
         return f"DataLoss looped on {kind[len(ROWS_PREFIX):]} rows (max_rows)"
     return {"user": "the user's loss_fn (one pass over all rows), looped",
-            "loop": "DataLoss looped (batches of 128, channels-last on the CPU)",
+            "loop": "DataLoss looped (DataLoss.each: batches of 128, channels-last on the CPU)",
             "loaded": "DataLoss loaded per model (load_state_dict, then the loop)",
             "batched": "DataLoss batched (torch.func.vmap)"}[kind]
 
@@ -270,7 +270,8 @@ def table(results: dict[str, list[dict[str, Any]]], epochs: int, rounds: int, re
           start_load: Optional[float] = None) -> str:
     import os
 
-    options = f"--epochs {epochs} --rounds {rounds} --repeat {repeat} --rows {' '.join(map(str, subsamples))}"
+    subsamples = list(subsamples)
+    options = f"--epochs {epochs} --rounds {rounds} --repeat {repeat} --rows {' '.join(map(str, subsamples))}".strip()
     if tuple(kinds) != KINDS:
         options += f" --kinds {' '.join(kinds)}"
     load = f"{os.getloadavg()[0]:.1f}" if start_load is None else f"{start_load:.1f} → {os.getloadavg()[0]:.1f}"

@@ -57,8 +57,8 @@ from torch.nn import functional as F
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
-__all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "model_states", "each_or_none", "batched_or_none",
-           "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
+__all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "model_states", "each_or_none",
+           "batched_or_none", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
 
 logger = logging.getLogger("fedroute")
 
@@ -129,7 +129,7 @@ def model_states(vectors: NDArray[np.floating], layout: Layout, device: Any,
     for (_, _, dtype), size in zip(layout, sizes):
         weight[dtype] = weight.get(dtype, 0) + size
     common = max(weight, key=weight.get) if weight else torch.float32  # type: ignore[arg-type]
-    flat = source.to(device=device, dtype=common)
+    flat = source.to(device=device, dtype=common, copy=True)  # never views of the caller's array
     other = source.to(device) if len(weight) > 1 else flat  # the few entries of another dtype: from the source
     states: list[dict[str, torch.Tensor]] = [{} for _ in range(len(source))]
     offset = 0

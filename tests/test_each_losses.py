@@ -1,4 +1,4 @@
-"""``DataLoss.each``: the ``K`` looped losses as ``functional_call`` states (no ``load_state_dict``), and its fallbacks."""
+"""``DataLoss.each``: the ``K`` looped losses as ``functional_call`` states (no ``load_state_dict``); its fallbacks."""
 
 from __future__ import annotations
 
@@ -122,6 +122,8 @@ def test_each_lays_the_convolution_weights_out_channels_last_and_everything_else
     # views: the two models' fc1 weights share one storage (the converted vectors), no copies
     assert states[0]["fc1.weight"].untyped_storage().data_ptr() == states[1]["fc1.weight"].untyped_storage().data_ptr()
     np.testing.assert_array_equal(states[1]["fc2.bias"].numpy(), vectors[1, -10:])
+    # ... but not of the caller's float32 array: a module writing to its state cannot change the vectors
+    assert states[0]["fc1.weight"].untyped_storage().data_ptr() != vectors.ctypes.data
     with pytest.raises(ValueError, match="vectors have 5 entries"):
         model_states(vectors[:, :5], _layout(model), "cpu")
 
@@ -205,7 +207,9 @@ def test_a_subclass_with_its_own_call_keeps_the_loop() -> None:
 
 
 def test_each_keeps_the_dtypes_of_a_mixed_state() -> None:
-    make = lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))  # noqa: E731
+    def make() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+
     torch.manual_seed(0)
     trained = make()
     trained.train()
