@@ -18,10 +18,14 @@ presets explore always).  After every round the server reads the federation esti
   using it).  A cluster wanted for ``collapse_patience`` rounds in a row is no longer
   spare and gets its budget back; every spare is reconsidered when clients join the
   federation (new evidence);
-* **re-seeding** (``reseed_empty``) — a collapse sign that no client prefers at all, or a
-  duplicate merged into its twin, gets at the end of the round a copy of the most crowded
-  cluster's model (when that one holds at least two fair shares): its clients split at random
-  between the two copies and train them apart (:func:`reseeding`);
+* **re-seeding** (``reseed_empty``) — a collapse sign that no client prefers at all (with
+  ``reseed_unwanted``: any collapse sign, so that a few stragglers within the crowd's reach do
+  not block it), or a duplicate merged into its twin, is seeded at the end of the round from
+  the most crowded cluster (when that one holds at least two fair shares, :func:`reseeding`):
+  with a copy of its model, whose clients split at random between the two copies and train
+  them apart, or — ``reseed_split`` — with one half of the crowded cluster's round, its
+  replies split in two by update direction (:mod:`fedroute.core.split`), the crowded cluster
+  keeping the other half;
 * **duplicates** (``consolidate_duplicates``) — two clusters that serve the same clients:
   for each one's clients the other is at most half as far (in log loss ratio, medians) as
   the nearest third cluster, which is at least ``ρ`` times worse than their own.  The smaller one is
@@ -296,7 +300,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
         quiet |= stable & healthy
     calm = np.where(quiet, health.calm_rounds + 1, 0)
     reseeds = np.where(joined, 0, health.reseeds)
-    targets = ((sign & (preferred_masses <= 0.0) & ~spare) | merged) & (reseeds < MAX_RESEEDS)
+    vacant = np.ones_like(sign) if settings.reseed_unwanted else preferred_masses <= 0.0
+    targets = ((sign & vacant & ~spare) | merged) & (reseeds < MAX_RESEEDS)
     source = reseeding(preferred_masses, targets, settings)
     fresh = source >= 0                                                  # a new model: fresh evidence about it
     updated = ClusterHealth(unwanted_rounds=np.where(fresh, 0, streak), wanted_rounds=wanted,
@@ -317,14 +322,19 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
               ) -> NDArray[np.int64]:
     """Per run and cluster, the cluster whose model to copy into it (``-1``: none): ``reseed_empty``.
 
-    A target — a collapse sign that no client prefers at all (``p̂_s = 0``), or a duplicate merged
-    into its twin (its clients have the twin) — gets a copy of the most *crowded* cluster's model:
+    A target — a collapse sign that no client prefers at all (``p̂_s = 0``; any collapse sign with
+    ``reseed_unwanted``: a collapse sign's few clients find the crowded model within reach), or a
+    duplicate merged into its twin (its clients have the twin) — is seeded from the most *crowded*
+    cluster (a copy of its model, or with ``reseed_split`` one half of its round, the server step's
+    :func:`fedroute.core.split.split_models`):
     one that holds at least two fair shares (``p̂_c ≥ 2/K``, more clients than one group of a
-    federation with ``K`` groups has on average).  The two copies tie for exactly the crowded
-    cluster's clients, who split between them at random (random tie-breaking) and train them apart:
-    the groups that shared a model separate, as k-means re-seeds an empty centroid from its largest
-    cluster.  With more clusters than groups a cluster that serves one group is not crowded, so spare
-    clusters are not re-seeded.  No client loses its model.  One cluster per run and round, the
+    federation with ``K`` groups has on average).  Two copies tie for exactly the crowded
+    cluster's clients, who split between them at random (random tie-breaking) and train them apart;
+    two halves are each closer to the clients whose updates made it: the groups that shared a model
+    separate, as k-means re-seeds an empty centroid from its largest cluster (by splitting it).  With more clusters than groups a cluster that serves one group is not crowded, so spare
+    clusters are not re-seeded.  No group loses its own model: a collapse sign is within the reach of
+    the crowd (or empty), and a small group's own model is never one (:func:`within_reach`); a
+    straggler on a re-seeded cluster chooses again among the new models.  One cluster per run and round, the
     lowest index.
     """
     num_runs, num_clusters = preferred_masses.shape

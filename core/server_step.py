@@ -12,7 +12,9 @@ After a round's replies are in (validated, in client-id order), the server
 3. weighs the evidence of collapse — unwanted clusters, spares, duplicates — and decides
    what the clients receive next round (:mod:`fedroute.core.health`), when the routing
    reads it (``explore_on = "collapse"``, ``consolidate_duplicates`` or ``reseed_empty``);
-   a re-seeded cluster's model is replaced by a copy of its source.
+   a re-seeded cluster's model is replaced by a copy of its source, or — with ``reseed_split`` —
+   the source's replies of the round are split in two by direction (:mod:`fedroute.core.split`)
+   and the source and the re-seeded cluster get one half each.
 
 :class:`ServerState` holds everything but the models, in the style of optax's states:
 ``server_init`` makes it, :func:`server_step` maps ``(models, state, replies)`` to the next
@@ -33,6 +35,7 @@ from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, ro
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.split import split_models
 
 __all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health", "evidence_settings"]
 
@@ -192,7 +195,8 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
                                      None if state.estimate is None else state.estimate.preferred_masses)
-        outcome = _reseeded(outcome, health.reseeded_from)
+        outcome = _reseeded(outcome, health.reseeded_from,
+                            _SplitInputs(cluster_models, replies, influence) if settings.reseed_split else None)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
 
 
@@ -209,15 +213,49 @@ def evidence_settings(settings: RoutingSettings, participation: Participation) -
     return settings if patience == settings.duplicate_patience else replace(settings, duplicate_patience=patience)
 
 
-def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64]) -> RoundAggregate:
-    """The round's models with each re-seeded cluster set to a copy of its source (:func:`~fedroute.core.health.reseeding`)."""
+@dataclass(frozen=True)
+class _SplitInputs:
+    """What splitting a re-seed's source needs: the models before the round, the round's replies, the bounds."""
+
+    cluster_models: NDArray[np.floating]
+    replies: RoundReplies
+    influence: InfluenceBounds
+
+
+def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], split: Optional[_SplitInputs] = None
+              ) -> RoundAggregate:
+    """The round's models with each re-seeded cluster seeded from its source (:func:`~fedroute.core.health.reseeding`).
+
+    Without ``split`` (``reseed_split`` off) the re-seeded cluster gets a copy of its source's new model.
+    With it, the source's kept replies of the round are split in two by the direction of their updates
+    (:func:`fedroute.core.split.split_models`): the source keeps the heavier half, the re-seeded cluster gets
+    the other; with fewer than two such replies it is a copy.
+    """
     if not np.any(sources >= 0):
         return outcome
     models = np.array(outcome.models, copy=True)
     batched = models.ndim == 3
     for run, cluster in zip(*np.nonzero(sources >= 0)):
+        source = int(sources[run, cluster])
+        halves = None if split is None else _split_halves(split, outcome.kept, int(run), source, batched)
         if batched:
-            models[run, cluster] = models[run, sources[run, cluster]]
+            models[run, cluster] = models[run, source] if halves is None else halves[1]
+            if halves is not None:
+                models[run, source] = halves[0]
         else:
-            models[cluster] = models[sources[run, cluster]]
+            models[cluster] = models[source] if halves is None else halves[1]
+            if halves is not None:
+                models[source] = halves[0]
     return replace(outcome, models=models)
+
+
+def _split_halves(split: _SplitInputs, kept: NDArray[np.bool_], run: int, source: int, batched: bool
+                  ) -> Optional[tuple[NDArray[np.floating], NDArray[np.floating]]]:
+    """The two halves of ``source``'s kept replies of the round in ``run`` (None: copy instead)."""
+    replies = split.replies
+    rows = kept & (np.asarray(replies.routes) == source)
+    if batched:
+        rows &= np.asarray(replies.run_index) == run
+    start = split.cluster_models[run, source] if batched else split.cluster_models[source]
+    return split_models(start, np.asarray(replies.trained_models)[rows], np.asarray(replies.num_examples)[rows],
+                        split.influence)

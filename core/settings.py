@@ -119,6 +119,14 @@ class RoutingSettings:
     reseed_empty : bool
         A collapse sign that no client prefers gets a copy of the most crowded cluster's
         model (with random tie-breaking; :func:`fedroute.core.health.reseeding`).
+    reseed_split : bool
+        Re-seed by splitting instead of copying: the crowded cluster's replies of the round are split
+        in two by the direction of their updates, and the crowded and the re-seeded cluster get one
+        half each (:mod:`fedroute.core.split`); a copy when fewer than two replies reached it.
+    reseed_unwanted : bool
+        Re-seed every collapse sign, not only one that no client prefers: a few stragglers on an
+        otherwise empty cluster (within the others' reach, so not a small group's own model) no
+        longer block its re-seeding; they choose again among the new models.
     starving_needs_reach : bool
         A cluster with a small preferred share is a collapse sign only if nobody prefers it or some
         client that prefers another cluster finds it within ``consolidation_loss_ratio`` of its best
@@ -161,6 +169,8 @@ class RoutingSettings:
     consolidate_duplicates: bool = False
     duplicate_patience: int = 100
     reseed_empty: bool = False
+    reseed_split: bool = False
+    reseed_unwanted: bool = False
     explore_at_start: bool = True
     starving_needs_reach: bool = False
     calm_when_stable: bool = False
@@ -177,7 +187,7 @@ class RoutingSettings:
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
-                     "consolidate_duplicates", "reseed_empty", "explore_at_start",
+                     "consolidate_duplicates", "reseed_empty", "reseed_split", "reseed_unwanted", "explore_at_start",
                      "starving_needs_reach", "calm_when_stable"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")

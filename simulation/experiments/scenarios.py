@@ -399,6 +399,8 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "no-start-exploration": {"explore_at_start": False},
     "no-duplicates": {"consolidate_duplicates": False},
     "no-reseed": {"reseed_empty": False},
+    "split-reseed": {"reseed_split": True},
+    "split-reseed-unwanted": {"reseed_split": True, "reseed_unwanted": True},
     "no-reach": {"starving_needs_reach": False},
     "patience-5": {"collapse_patience": 5},
     "patience-20": {"collapse_patience": 20},
