@@ -324,40 +324,38 @@ def each_or_none(loss_fn: Any, model: torch.nn.Module, vectors: NDArray[np.float
     (``loss_fn.each_failed``), so the loop is used from then on.  A :class:`DataLoss` subclass that
     overrides ``__call__`` but not ``each`` keeps its own ``__call__`` (the loop).
     """
-    each = getattr(loss_fn, "each", None)
-    if not callable(each) or getattr(loss_fn, "each_failed", False):
-        return None
     if isinstance(loss_fn, DataLoss) and type(loss_fn).__call__ is not DataLoss.__call__ \
             and type(loss_fn).each is DataLoss.each:
         return None
-    try:
-        return np.asarray(each(model, vectors, layout), dtype=np.float64)
-    except FALLBACK_ERRORS as error:
-        try:
-            loss_fn.each_failed = True
-        except AttributeError:  # pragma: no cover - a loss_fn with __slots__
-            pass
-        logger.info("K-model losses without loading unavailable for %s (%s: %s); loading each model",
-                    type(model).__name__, type(error).__name__, str(error).splitlines()[0][:200])
-        return None
+    return _pass_or_none(loss_fn, "each", model, vectors, layout,
+                         "K-model losses without loading unavailable", "loading each model")
 
 
 def batched_or_none(loss_fn: Any, model: torch.nn.Module, vectors: NDArray[np.floating],
                     layout: Layout) -> Optional[NDArray[np.float64]]:
     """``loss_fn.batched(...)`` if ``loss_fn`` offers it and the module allows it; ``None`` = use the loop.
 
-    A module ``vmap`` cannot run is logged once and marked, so the loop is used from then on.
+    A module ``vmap`` cannot run is logged once and marked (``loss_fn.batched_failed``), so the loop is
+    used from then on.
     """
-    batched = getattr(loss_fn, "batched", None)
-    if not callable(batched) or getattr(loss_fn, "batched_failed", False):
+    return _pass_or_none(loss_fn, "batched", model, vectors, layout,
+                         "batched K-model losses unavailable", "using one pass per model")
+
+
+def _pass_or_none(loss_fn: Any, name: str, model: torch.nn.Module, vectors: NDArray[np.floating], layout: Layout,
+                  unavailable: str, instead: str) -> Optional[NDArray[np.float64]]:
+    """``loss_fn.<name>(model, vectors, layout)``, or ``None`` once it raised :data:`FALLBACK_ERRORS`
+    (then ``loss_fn.<name>_failed`` is set and the failure logged once at INFO)."""
+    scorer, failed = getattr(loss_fn, name, None), f"{name}_failed"
+    if not callable(scorer) or getattr(loss_fn, failed, False):
         return None
     try:
-        return np.asarray(batched(model, vectors, layout), dtype=np.float64)
+        return np.asarray(scorer(model, vectors, layout), dtype=np.float64)
     except FALLBACK_ERRORS as error:
         try:
-            loss_fn.batched_failed = True
+            setattr(loss_fn, failed, True)
         except AttributeError:  # pragma: no cover - a loss_fn with __slots__
             pass
-        logger.info("batched K-model losses unavailable for %s (%s: %s); using one pass per model",
-                    type(model).__name__, type(error).__name__, str(error).splitlines()[0][:200])
+        logger.info("%s for %s (%s: %s); %s", unavailable, type(model).__name__, type(error).__name__,
+                    str(error).splitlines()[0][:200], instead)
         return None

@@ -41,6 +41,18 @@ def task_identity() -> Iterator[None]:
 
 
 @pytest.fixture()
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the test: tiny tensors, where more threads only contend on busy cores (a docs
+    snippet's run took 15 s instead of about 1 s); the previous count is restored after it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture()
 def defaults() -> dict[str, Any]:
     """A fresh copy of the app's run config defaults (``[tool.flwr.app.config]``)."""
     return app_defaults()

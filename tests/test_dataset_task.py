@@ -36,14 +36,7 @@ from support.app_config import app_run_config
 from support.dataset_files import NUM_WRITERS, digit_images, write_csv, write_image_folder, write_parquet
 from support.grid import SERVER_RUN_ID, builtin_grid, server_main
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small tensors: more threads only contend on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small tensors: one torch thread
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import ast
 import inspect
 import re
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,19 +26,10 @@ import fedroute
 from fedroute.strategies.records import unpack_cluster_models
 from support.flower_client import FlowerClientGrid
 
-pytestmark = pytest.mark.usefixtures("task_identity")  # Flower messages need a task identity
+pytestmark = pytest.mark.usefixtures("task_identity", "one_torch_thread")  # Flower messages need a task identity
 
 PLUGIN_DOC = Path(__file__).resolve().parents[1] / "docs" / "plugin.md"
 NUM_NODES = 4
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """Tiny tensors: more threads only contend (a snippet's run took 15 s instead of about 1 s on busy cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def python_blocks(markdown: str, section: str) -> list[str]:

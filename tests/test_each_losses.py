@@ -17,15 +17,9 @@ from fedroute.client.batched_losses import LOSS_ATOL, LOSS_RTOL, DataLoss, each_
 from fedroute.client.torch_adapter import TorchClient
 from fedroute.data.models import SmallCNN, SmallMLP
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small tensors: one torch thread
+
 TASK = Path(__file__).resolve().parents[1] / "examples" / "digits_cnn" / "digits_app" / "task.py"
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @functools.cache

@@ -17,13 +17,7 @@ from fedroute.data.models import SmallCNN
 from fedroute.tasks.registry import task_from_config
 from support.dataset_files import digit_images, write_parquet
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # small tensors: one torch thread
 
 
 def _digits(count: int = 150) -> tuple[torch.Tensor, torch.Tensor]:
