@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -38,11 +39,50 @@ def flwr_executable(environment_bin: Optional[Path] = None) -> str:
     return str(candidate) if candidate.exists() else (shutil.which("flwr") or "flwr")
 
 
+LISTEN_PORTS = (10000, 32768)
+"""Where :func:`free_port` looks: below Linux's default ephemeral range (32768–60999)."""
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 free right now."""
+    """A TCP port of 127.0.0.1 free right now, for a process that will listen on it a few seconds later.
+
+    Not one of the kernel's ephemeral ports (``bind(("127.0.0.1", 0))`` hands those out): any outgoing
+    connection may take an ephemeral port as its local port before the process meant to listen on it
+    binds it — seen as a SuperNode's "address already in use" while the other SuperNodes were connecting.
+    The port is drawn at random from :data:`LISTEN_PORTS` minus the machine's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``), never twice in one process, and must bind now.  Where
+    that leaves no room, the kernel's choice.
+    """
+    low, high = LISTEN_PORTS
+    ephemeral = _ephemeral_range()
+    candidates = [port for port in range(low, high)
+                  if port not in _HANDED_OUT and not (ephemeral[0] <= port <= ephemeral[1])]
+    draw = random.SystemRandom()
+    for _ in range(200):
+        if not candidates:
+            break
+        port = candidates.pop(draw.randrange(len(candidates)))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux; ``(32768, 60999)`` where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def quiet_environment(flwr_home: Path, ray_address: Optional[str] = None,
