@@ -238,14 +238,11 @@ def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], split: Option
     for run, cluster in zip(*np.nonzero(sources >= 0)):
         source = int(sources[run, cluster])
         halves = None if split is None else _split_halves(split, outcome.kept, int(run), source, batched)
-        if batched:
-            models[run, cluster] = models[run, source] if halves is None else halves[1]
-            if halves is not None:
-                models[run, source] = halves[0]
+        run_models = models[run] if batched else models                  # (K, P), a view into models
+        if halves is None:
+            run_models[cluster] = run_models[source]
         else:
-            models[cluster] = models[source] if halves is None else halves[1]
-            if halves is not None:
-                models[source] = halves[0]
+            run_models[source], run_models[cluster] = halves
     return replace(outcome, models=models)
 
 
