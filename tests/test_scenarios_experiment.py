@@ -18,6 +18,7 @@ from fedroute.simulation.experiments.scenarios import (
     ScenarioConfig,
     StartedTask,
     _judge,
+    cluster_reference_losses,
     initial_models,
     make_fedcam_cell_task,
     reference_losses,
@@ -68,14 +69,38 @@ def test_judging_converged_and_no_harm():
         row("greedy", 1, False, [3.0, 1.0], 2.0), row("exp3", 1, True, [1.0, 1.11], 1.0),    # 11 % > 10 %
         row("greedy", 2, True, [1.2, 1.0], 1.0), row("exp3", 2, False, [1.0, 1.0], 1.0),
     ])
-    references = pd.DataFrame([{"scenario": "s", "start": "warm", "seed": s, "reference_losses": "[1.0, 1.0]"}
-                               for s in range(3)])
+    references = pd.DataFrame([{"scenario": "s", "start": "warm", "seed": s,
+                                "cluster_reference_losses": "[[1.0, 1.0], [1.0, 1.0]]"} for s in range(3)])
     judged = _judge(runs, references).set_index(["method", "seed"])
     assert judged.loc[("greedy", 0), "converged"] and not judged.loc[("exp3", 1), "converged"]
     assert not judged.loc[("greedy", 2), "converged"]  # separated but 20 % above the reference
     assert not judged.loc[("exp3", 0), "no_harm"]  # routed 1.03 > 1.02 × Greedy's 1.0
     assert np.isnan(judged.loc[("exp3", 1), "no_harm"]) and np.isnan(judged.loc[("greedy", 0), "no_harm"])
     assert not judged.loc[("exp3", 2), "greedy_converged"]
+
+
+def test_each_group_is_judged_against_the_reference_from_its_own_clusters_start():
+    scenario = SCENARIOS["collinear"]
+    tasks = [StartedTask(scenario.make_task(seed), initial_models(scenario, "random", seed)) for seed in (1, 2)]
+    per_cluster = cluster_reference_losses(tasks, 3, 4)
+    assert per_cluster.shape == (2, 3, 3)
+    for k in range(3):
+        np.testing.assert_array_equal(per_cluster[:, k], reference_losses(tasks, 3, [4], start_cluster=k)[4])
+    assert not np.allclose(per_cluster[:, 0], per_cluster[:, 1])        # different starts, different references
+    warm = [StartedTask(scenario.make_task(1), initial_models(scenario, "warm", 1))]
+    same = cluster_reference_losses(warm, 3, 4)
+    np.testing.assert_array_equal(same[:, 1], same[:, 0])
+    # A run whose group 1 ended on cluster 0 with the loss of cluster 0's reference converged; judged against
+    # cluster 1's reference (twice as large) the same loss would pass anyway, against half of it it would not.
+    runs = pd.DataFrame([{"scenario": "s", "start": "random", "seed": 0, "method": method, "separated": True,
+                          "group_losses": json.dumps([1.0, 2.0]), "routed_test_loss": 1.5,
+                          "group_models": json.dumps(models)} for method, models in (("greedy", [1, 0]),
+                                                                                     ("exp3", [0, 1]))])
+    references = pd.DataFrame([{"scenario": "s", "start": "random", "seed": 0,
+                                "cluster_reference_losses": "[[1.0, 2.0], [2.0, 1.0]]"}])
+    judged = _judge(runs, references).set_index("method")
+    assert json.loads(judged.loc["greedy", "group_ratios"]) == [0.5, 1.0] and judged.loc["greedy", "converged"]
+    assert json.loads(judged.loc["exp3", "group_ratios"]) == [1.0, 2.0] and not judged.loc["exp3", "converged"]
 
 
 def test_config_rejects_bad_values_naming_the_field():
