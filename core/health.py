@@ -56,7 +56,7 @@ implementation serves both runtimes (the strategy with one run, the simulator wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 from numpy.typing import NDArray
@@ -247,7 +247,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                   known_clients: NDArray[np.int64], settings: RoutingSettings,
                   reporting: Optional[NDArray[np.int64]] = None,
                   reach: Optional[NDArray[np.bool_]] = None,
-                  previous_preferred: Optional[NDArray[np.float64]] = None) -> tuple[ClusterHealth, RoutingView]:
+                  previous_preferred: Optional[NDArray[np.float64]] = None,
+                  structured: Optional[Callable[[int], NDArray[np.bool_]]] = None
+                  ) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
     Parameters
@@ -269,6 +271,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     previous_preferred : ndarray, shape (R, K), optional
         ``p̂`` of the round before (the previous federation estimate's; ``None`` before any): with
         ``calm_when_stable`` routes are *stable* when ``p̂`` is unchanged from it.
+    structured : callable, optional
+        ``structured(run) -> (K,) bool``: the clusters whose replies of the round part in two by direction
+        (``reseed_by_structure``); a re-seed takes its source among them first (:func:`reseeding`).
 
     Returns
     -------
@@ -302,7 +307,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     reseeds = np.where(joined, 0, health.reseeds)
     vacant = np.ones_like(sign) if settings.reseed_unwanted else preferred_masses <= 0.0
     targets = ((sign & vacant & ~spare) | merged) & (reseeds < MAX_RESEEDS)
-    source = reseeding(preferred_masses, targets, settings)
+    source = reseeding(preferred_masses, targets, settings, structured)
     fresh = source >= 0                                                  # a new model: fresh evidence about it
     updated = ClusterHealth(unwanted_rounds=np.where(fresh, 0, streak), wanted_rounds=wanted,
                             exploring_rounds=budget, spare=spare & ~fresh,
@@ -318,8 +323,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     return updated, routing_view(updated, settings)
 
 
-def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings
-              ) -> NDArray[np.int64]:
+def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings,
+              structured: Optional[Callable[[int], NDArray[np.bool_]]] = None) -> NDArray[np.int64]:
     """Per run and cluster, the cluster whose model to copy into it (``-1``: none): ``reseed_empty``.
 
     A target — a collapse sign that no client prefers at all (``p̂_s = 0``; any collapse sign with
@@ -341,13 +346,25 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
     source = np.full((num_runs, num_clusters), -1, dtype=np.int64)
     if not settings.reseed_empty or settings.tie_breaking != "random":
         return source
-    crowded = preferred_masses.argmax(axis=1)
-    full = preferred_masses.max(axis=1) >= 2.0 / num_clusters - INCLUSIVE_SLACK
-    for run in np.flatnonzero(full):
-        candidates = np.flatnonzero(targets[run] & (np.arange(num_clusters) != crowded[run]))
+    for run in np.flatnonzero(targets.any(axis=1)):
+        origin = _reseed_source(preferred_masses[run], targets[run], None if structured is None else structured(run))
+        if origin < 0:
+            continue
+        candidates = np.flatnonzero(targets[run] & (np.arange(num_clusters) != origin))
         if len(candidates):
-            source[run, int(candidates[0])] = crowded[run]
+            source[run, int(candidates[0])] = origin
     return source
+
+
+def _reseed_source(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
+                   structured: Optional[NDArray[np.bool_]]) -> int:
+    """The cluster a run's re-seed copies or splits (``-1``: none): among the clusters that are not targets, the
+    most preferred one whose replies part in two by direction, else the most crowded one if it holds at least two
+    fair shares."""
+    if structured is not None and np.any(eligible := structured & ~targets):
+        return int(np.flatnonzero(eligible)[np.argmax(preferred_masses[eligible])])
+    crowded = int(preferred_masses.argmax())
+    return crowded if preferred_masses[crowded] >= 2.0 / len(preferred_masses) - INCLUSIVE_SLACK else -1
 
 
 MAX_RESEEDS = 2

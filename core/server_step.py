@@ -35,9 +35,10 @@ from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, ro
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
-from fedroute.core.split import split_models
+from fedroute.core.split import partition, split_models
 
-__all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health", "evidence_settings"]
+__all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health", "evidence_settings",
+           "copy_routes", "identical_pools"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
         ``W^{t+1}`` and which replies were kept.
     state : ServerState
     """
+    replies = copy_routes(cluster_models, replies, settings, num_runs)
     outcome = aggregate_round(cluster_models, replies.trained_models, replies.routes, replies.num_examples, influence,
                               replies.run_index)
     kept = outcome.kept
@@ -191,13 +193,97 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
         reach = within_reach(federation.losses[counted], federation.preferred[counted],
                              federation.run_index[counted], num_runs, cluster_models.shape[-2],
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
+        structure = _RoundStructure(cluster_models, replies, kept, influence, settings)
         health, view = update_health(state.health, estimate.preferred_masses, twins,
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
-                                     None if state.estimate is None else state.estimate.preferred_masses)
-        outcome = _reseeded(outcome, health.reseeded_from,
-                            _SplitInputs(cluster_models, replies, influence) if settings.reseed_split else None)
+                                     None if state.estimate is None else state.estimate.preferred_masses,
+                                     structure.structured if settings.reseed_by_structure else None)
+        outcome = _reseeded(outcome, health.reseeded_from, structure)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
+
+
+def identical_pools(models: NDArray[np.floating], within: float = 0.0) -> list[list[int]]:
+    """The clusters of one run whose models ``(K, P)`` are copies of each other, as lists of two or more indices.
+
+    Two models are copies when they are equal, or (``within > 0``) closer than ``within`` in L2 norm; the
+    pools are the connected groups of that relation (single linkage), each in index order.
+    """
+    num_clusters = len(models)
+    parent = list(range(num_clusters))
+    for j in range(num_clusters):
+        for k in range(j + 1, num_clusters):
+            if np.array_equal(models[j], models[k]) or (within > 0 and float(np.linalg.norm(
+                    np.asarray(models[j], dtype=np.float64) - np.asarray(models[k], dtype=np.float64))) < within):
+                root_j, root_k = _root(parent, j), _root(parent, k)
+                parent[max(root_j, root_k)] = min(root_j, root_k)
+    pools: dict[int, list[int]] = {}
+    for cluster in range(num_clusters):
+        pools.setdefault(_root(parent, cluster), []).append(cluster)
+    return [pool for pool in pools.values() if len(pool) > 1]
+
+
+def _root(parent: list[int], node: int) -> int:
+    while parent[node] != node:
+        node = parent[node]
+    return node
+
+
+def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, settings: RoutingSettings,
+                num_runs: int = 1) -> RoundReplies:
+    """The replies with the routes into copies of one model re-assigned by update direction (``split_copies``).
+
+    Clusters that entered the round with the same model — ``K`` copies of a warm start, a cluster re-seeded
+    with a copy — are one model in several places: a client's route among them was a tie broken at random.
+    Models closer to each other than the round's median update ``‖w_i^+ − W_{r_i}‖`` (of the run's replies)
+    count as copies too (a warm start with a little noise): no client's training can tell them apart.
+    Their replies are parted by the direction of their updates ``w_i^+ − W_{r_i}``
+    (:func:`fedroute.core.split.partition`, at most one part per copy, a part only where the silhouette
+    reaches ``settings.split_silhouette``) and each part is routed to one copy, so that each copy is trained by
+    clients that move it the same way — the groups sharing the model separate in one round, where a random
+    split of their clients mixes them again.  Parts go to copies heaviest part first (total ``num-examples``,
+    ties to the lower part), each to the free copy its clients had routed the most weight to (ties to the
+    lower index); copies left without a part keep their model; a reply whose Greedy choice was in the pool is
+    counted as preferring its part's copy.  Without structure the replies stay as routed.  Deterministic.
+    """
+    if not settings.split_copies:
+        return replies
+    batched = np.ndim(cluster_models) == 3
+    routes, preferred = np.array(replies.routes, copy=True), np.array(replies.preferred, copy=True)
+    weights = np.asarray(replies.num_examples, dtype=np.float64)
+    trained = np.asarray(replies.trained_models)
+    for run in range(num_runs if batched else 1):
+        models = np.asarray(cluster_models[run] if batched else cluster_models)
+        in_run = np.flatnonzero((np.asarray(replies.run_index) == run) if batched else np.ones(len(routes), bool))
+        if not len(in_run):
+            continue
+        steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[np.asarray(replies.routes)[in_run]], axis=1)
+        for pool in identical_pools(models, float(np.median(steps))):
+            rows = in_run[np.isin(np.asarray(replies.routes)[in_run], pool)]
+            updates = trained[rows].astype(np.float64) - models[np.asarray(replies.routes)[rows]]
+            labels = partition(updates, len(pool), settings.split_silhouette)
+            if not labels.any():
+                continue
+            target = _assigned_copies(labels, np.asarray(replies.routes)[rows], weights[rows], pool)
+            routes[rows] = target[labels]
+            chose_pool = np.isin(preferred[rows], pool)
+            preferred[rows[chose_pool]] = routes[rows[chose_pool]]
+    if np.array_equal(routes, replies.routes):
+        return replies
+    return replace(replies, routes=routes, preferred=preferred)
+
+
+def _assigned_copies(labels: NDArray[np.int64], routes: NDArray[np.int64], weights: NDArray[np.float64],
+                     pool: list[int]) -> NDArray[np.int64]:
+    """The copy each part trains: heaviest part first, to the free copy its members routed the most weight to."""
+    num_parts = int(labels.max()) + 1
+    part_weight = np.bincount(labels, weights=weights, minlength=num_parts)
+    target = np.full(num_parts, -1, dtype=np.int64)
+    free = list(pool)
+    for part in sorted(range(num_parts), key=lambda p: (-part_weight[p], p)):
+        routed = [weights[(labels == part) & (routes == cluster)].sum() for cluster in free]
+        target[part] = free.pop(int(np.argmax(routed)))
+    return target
 
 
 def evidence_settings(settings: RoutingSettings, participation: Participation) -> RoutingSettings:
@@ -213,23 +299,62 @@ def evidence_settings(settings: RoutingSettings, participation: Participation) -
     return settings if patience == settings.duplicate_patience else replace(settings, duplicate_patience=patience)
 
 
-@dataclass(frozen=True)
-class _SplitInputs:
-    """What splitting a re-seed's source needs: the models before the round, the round's replies, the bounds."""
+class _RoundStructure:
+    """The round's evidence of groups inside a cluster: its kept replies' update directions (computed on demand).
 
-    cluster_models: NDArray[np.floating]
-    replies: RoundReplies
-    influence: InfluenceBounds
+    ``structured(run)`` says, per cluster, whether its kept replies of the round part in two by direction
+    (:func:`fedroute.core.split.partition` at ``split_silhouette``; at least three replies); ``halves(run,
+    source)`` aggregates the two sides of a re-seed's source — those parts where there is structure, the
+    unconditional bisection of ``reseed_split`` otherwise — or gives ``None`` (a copy).
+    """
+
+    def __init__(self, cluster_models: NDArray[np.floating], replies: RoundReplies, kept: NDArray[np.bool_],
+                 influence: InfluenceBounds, settings: RoutingSettings) -> None:
+        self.cluster_models, self.replies, self.kept = cluster_models, replies, kept
+        self.influence, self.settings = influence, settings
+        self.batched = np.ndim(cluster_models) == 3
+        self._sides: dict[tuple[int, int], Optional[NDArray[np.bool_]]] = {}
+
+    def _rows(self, run: int, cluster: int) -> NDArray[np.int64]:
+        rows = self.kept & (np.asarray(self.replies.routes) == cluster)
+        if self.batched:
+            rows &= np.asarray(self.replies.run_index) == run
+        return np.flatnonzero(rows)
+
+    def _start(self, run: int, cluster: int) -> NDArray[np.floating]:
+        return self.cluster_models[run, cluster] if self.batched else self.cluster_models[cluster]
+
+    def sides(self, run: int, cluster: int) -> Optional[NDArray[np.bool_]]:
+        """The two sides of the cluster's kept replies where their directions part in two, else ``None``."""
+        key = (run, cluster)
+        if key not in self._sides:
+            rows = self._rows(run, cluster)
+            updates = np.asarray(self.replies.trained_models)[rows].astype(np.float64) - self._start(run, cluster)
+            labels = partition(updates, 2, self.settings.split_silhouette)
+            self._sides[key] = labels.astype(bool) if labels.any() else None
+        return self._sides[key]
+
+    def structured(self, run: int) -> NDArray[np.bool_]:
+        """Per cluster of ``run``, shape (K,): its kept replies of the round part in two by direction."""
+        return np.array([self.sides(run, cluster) is not None for cluster in range(np.shape(self.cluster_models)[-2])])
+
+    def halves(self, run: int, source: int) -> Optional[tuple[NDArray[np.floating], NDArray[np.floating]]]:
+        """``(kept half, re-seeded half)`` of a re-seed's source, or ``None`` for a copy."""
+        side = self.sides(run, source) if self.settings.reseed_by_structure else None
+        if side is None and not self.settings.reseed_split:
+            return None
+        rows = self._rows(run, source)
+        return split_models(self._start(run, source), np.asarray(self.replies.trained_models)[rows],
+                            np.asarray(self.replies.num_examples)[rows], self.influence, side)
 
 
-def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], split: Optional[_SplitInputs] = None
-              ) -> RoundAggregate:
+def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], structure: _RoundStructure) -> RoundAggregate:
     """The round's models with each re-seeded cluster seeded from its source (:func:`~fedroute.core.health.reseeding`).
 
-    Without ``split`` (``reseed_split`` off) the re-seeded cluster gets a copy of its source's new model.
-    With it, the source's kept replies of the round are split in two by the direction of their updates
-    (:func:`fedroute.core.split.split_models`): the source keeps the heavier half, the re-seeded cluster gets
-    the other; with fewer than two such replies it is a copy.
+    The re-seeded cluster gets a copy of its source's new model, or — where its source's kept replies of the
+    round part in two by direction (``reseed_by_structure``), or always with ``reseed_split`` — the two halves
+    of that round (:func:`fedroute.core.split.split_models`): the source keeps the heavier half, the re-seeded
+    cluster gets the other; with fewer than two such replies it is a copy.
     """
     if not np.any(sources >= 0):
         return outcome
@@ -237,22 +362,10 @@ def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], split: Option
     batched = models.ndim == 3
     for run, cluster in zip(*np.nonzero(sources >= 0)):
         source = int(sources[run, cluster])
-        halves = None if split is None else _split_halves(split, outcome.kept, int(run), source, batched)
+        halves = structure.halves(int(run), source)
         run_models = models[run] if batched else models                  # (K, P), a view into models
         if halves is None:
             run_models[cluster] = run_models[source]
         else:
             run_models[source], run_models[cluster] = halves
     return replace(outcome, models=models)
-
-
-def _split_halves(split: _SplitInputs, kept: NDArray[np.bool_], run: int, source: int, batched: bool
-                  ) -> Optional[tuple[NDArray[np.floating], NDArray[np.floating]]]:
-    """The two halves of ``source``'s kept replies of the round in ``run`` (None: copy instead)."""
-    replies = split.replies
-    rows = kept & (np.asarray(replies.routes) == source)
-    if batched:
-        rows &= np.asarray(replies.run_index) == run
-    start = split.cluster_models[run, source] if batched else split.cluster_models[source]
-    return split_models(start, np.asarray(replies.trained_models)[rows], np.asarray(replies.num_examples)[rows],
-                        split.influence)

@@ -174,6 +174,9 @@ class RoutingSettings:
     explore_at_start: bool = True
     starving_needs_reach: bool = False
     calm_when_stable: bool = False
+    split_copies: bool = False
+    reseed_by_structure: bool = False
+    split_silhouette: float = 0.25
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -182,13 +185,15 @@ class RoutingSettings:
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
-                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction"):
+                     "reversal_mass_threshold", "entry_threshold", "hysteresis_exit_gap", "exploitation_fraction",
+                     "split_silhouette"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
                    and bool(np.isfinite(value)), name, value, "a finite number")
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
                      "consolidate_duplicates", "reseed_empty", "reseed_split", "reseed_unwanted", "explore_at_start",
-                     "starving_needs_reach", "calm_when_stable"):
+                     "starving_needs_reach", "calm_when_stable", "split_copies",
+                     "reseed_by_structure"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,
@@ -218,6 +223,7 @@ class RoutingSettings:
                and not isinstance(self.consolidation_loss_ratio, bool) and self.consolidation_loss_ratio >= 1.0,
                "consolidation_loss_ratio", self.consolidation_loss_ratio, "a number ≥ 1 (inf: no guard)")
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
+        _check(0.0 <= self.split_silhouette <= 1.0, "split_silhouette", self.split_silhouette, "[0, 1]")
         _check(self.explore_on in EXPLORE_ON, "explore_on", self.explore_on, f"one of {EXPLORE_ON}")
         _check(self.collapse_patience >= 1, "collapse_patience", self.collapse_patience, "an integer ≥ 1")
         _check(self.spare_patience >= 1, "spare_patience", self.spare_patience, "an integer ≥ 1")
