@@ -131,8 +131,10 @@ def test_copies_share_their_replies_and_each_group_trains_one_copy() -> None:
         assert len(set(parted.routes[groups == group])) == 1
     assert len(set(parted.routes.tolist())) == 3
     np.testing.assert_array_equal(parted.preferred, parted.routes)            # a tie among copies: its part's copy
-    # Off by default, and nothing to share when the models differ.
-    unchanged = copy_routes(models, _replies(start, updates, routes), method_settings("exp3", num_clusters=3))
+    # On in the generic default, off when asked, and nothing to share when the models differ.
+    assert method_settings("exp3").split_copies and not method_settings("greedy").split_copies
+    unchanged = copy_routes(models, _replies(start, updates, routes),
+                            method_settings("exp3", num_clusters=3, split_copies=False))
     np.testing.assert_array_equal(unchanged.routes, routes)
     distinct = models + 10.0 * np.arange(3)[:, None]                         # models many steps apart
     moved = RoundReplies(rows=np.arange(12), routes=routes, preferred=routes.copy(), num_examples=np.ones(12),

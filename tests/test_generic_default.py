@@ -28,7 +28,8 @@ def test_generic_default_is_not_a_paper_preset():
     exp3 = method_settings("exp3", num_clusters=4)
     assert exp3.num_clusters == 4 and exp3.controllers == ("gr", "rh") and exp3.exp3_mode == "block"
     assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == 0.0 and exp3.explore_on == "collapse"
-    assert exp3.explore_at_start and exp3.consolidate_duplicates and exp3.reseed_empty
+    assert not exp3.explore_at_start and exp3.consolidate_duplicates and exp3.reseed_empty
+    assert exp3.split_copies and exp3.reseed_by_structure and exp3.split_silhouette == 0.25
     assert exp3.mass_threshold_unit == "fair-share" and exp3.mass_threshold_inclusive
     assert exp3.entry_max_candidates == GENERIC_DEFAULTS["entry_max_candidates"] > 0
     assert exp3.consolidation_loss_ratio == 2.0
@@ -233,7 +234,8 @@ def test_exploitation_phase_consolidates_the_clients_left_on_an_underused_cluste
 
 
 def test_sync_entry_in_block_mode_starts_its_first_block_at_round_one():
-    settings = replace(method_settings("sync-entry", num_clusters=2), exp3_exploration=0.0, block_length=5)
+    settings = replace(method_settings("sync-entry", num_clusters=2, explore_at_start=True), exp3_exploration=0.0,
+                       block_length=5)
     state = replace(AgentState.initial(1, settings), exp3_log_weights=np.array([[-1000.0, 0.0]]))
     losses = np.array([[1.0, 2.0]])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from fedroute.core.agent import AgentState, agent_step
@@ -13,7 +15,8 @@ from fedroute.core.methods import method_settings
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
 
-SETTINGS = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=4, duplicate_patience=2)
+SETTINGS = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=4, duplicate_patience=2,
+                           explore_at_start=True)  # the start's rules (an option; off in the generic default)
 NO_TWINS = [-1, -1, -1]
 
 
@@ -144,7 +147,7 @@ def test_the_server_step_copies_the_crowded_model_into_the_reseeded_cluster() ->
 
 
 def test_without_evidence_of_collapse_clients_are_greedy_and_with_it_they_run_exp3() -> None:
-    settings = method_settings("exp3", num_clusters=2)
+    settings = method_settings("exp3", num_clusters=2, explore_at_start=True)
     state = AgentState.initial(4, settings)
     losses = np.array([[1.0, 2.0]] * 4)
     ids = np.arange(4)
@@ -193,7 +196,7 @@ def test_the_start_explores_only_with_every_client_in_every_round() -> None:
     federation = FederationState.of_clients(np.arange(8), 3)
     full = server_init(federation, 1, 3, SETTINGS, Participation())
     partial = server_init(federation, 1, 3, SETTINGS, Participation(0.25))
-    off = server_init(federation, 1, 3, method_settings("exp3", num_clusters=3, explore_at_start=False))
+    off = server_init(federation, 1, 3, method_settings("exp3", num_clusters=3))   # the generic default: off
     assert full.view.explore.tolist() == [True] and not full.health.settled[0]
     assert partial.view.explore.tolist() == [False] and partial.health.settled[0]
     assert off.view.explore.tolist() == [False]
@@ -243,13 +246,12 @@ def test_stable_healthy_routes_end_the_start_while_a_small_groups_model_flickers
             flags.append(bool(view.explore[0]))
         return flags
 
-    assert SETTINGS.calm_when_stable                                        # the generic default
+    assert SETTINGS.calm_when_stable and method_settings("exp3").calm_when_stable    # the generic default
     # Round 0 has no earlier routes; rounds 1-3 stable and healthy: calm for the patience (3).
     assert explores(SETTINGS, masses) == [True, True, True, False, False, False, False, False]
-    without = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=4, duplicate_patience=2,
-                              calm_when_stable=False)
+    without = replace(SETTINGS, calm_when_stable=False)
     assert all(explores(without, masses))                                   # calm never lasts 3 rounds
-    patient = method_settings("exp3", num_clusters=3, collapse_patience=3, spare_patience=100)
+    patient = replace(SETTINGS, spare_patience=100)
     assert all(explores(patient, np.array([[0.6, 0.4, 0.0]])))              # stable, but cluster 2 is nobody's best
 
 
