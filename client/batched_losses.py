@@ -35,6 +35,17 @@ A module that rejects channels-last activations (``x.view(...)``) is rerun
 contiguous, for good; one ``functional_call`` cannot run falls back to the loop
 (:func:`each_or_none`, logged once at INFO).
 
+On the CPU the rows of one forward pass are also capped by bytes (``batch_bytes``, default
+:data:`BATCH_BYTES` = 2 MiB for the largest intermediate tensor of one pass, measured once on a
+probe pass of a few rows: :func:`row_bytes`).  Larger activations are freshly allocated memory
+every pass: glibc ``malloc`` serves such blocks by ``mmap`` or returns them to the system when they
+are freed, so the next pass page-faults them in again (zeroed by the kernel) — on the cifar-like
+benchmark (3×32×32 images, ``SmallCNN``; 64 KiB of ``conv1`` output per row) 128-row passes cost
+≈ 17 k page faults per client and round at ``K = 4`` and took ≈ 1.4× as long as without them (232
+against 170 ms per round of 2 clients).  32-row passes (2 MiB) faulted ≈ 20× less and took the 170 ms;
+small activations (the digits CNN: 8 KiB per row) keep ``batch_size`` rows per pass.  The losses are
+the same sums in other batches (float32 rounding, ``rtol = 1e-5``).
+
 ``max_rows`` scores the models on a fixed subsample of the rows instead
 (:func:`loss_rows`): at most ``max_rows`` of them, drawn once per client from
 ``(seed, client_id, 0, Purpose.LOSS_ROWS)`` (:mod:`fedroute.core.randomness`),
@@ -47,18 +58,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
 
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
 __all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "model_states", "each_or_none",
-           "batched_or_none", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL"]
+           "batched_or_none", "row_bytes", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL", "BATCH_BYTES"]
 
 logger = logging.getLogger("fedroute")
 
@@ -72,6 +84,20 @@ loop."""
 
 Layout = Sequence[tuple[str, tuple[int, ...], torch.dtype]]
 """``(name, shape, dtype)`` of every ``state_dict`` entry, in order."""
+
+BATCH_BYTES = 2 * 2 ** 20
+"""``DataLoss(batch_bytes="auto")`` on the CPU: the largest intermediate tensor of one forward pass at most
+2 MiB (cifar-like ``SmallCNN``: 32 rows; the digits CNN: every row up to ``batch_size``).  Measured on the
+2-CPU reference machine: the cifar-like ``K = 4`` passes in 32-row batches took ≈ 0.73× the time of 128-row
+ones, with ≈ 1.5 k instead of ≈ 34 k page faults per round (docs/performance.md, "Rows per pass capped by
+bytes")."""
+
+PROBE_ROWS = 7
+"""Rows of the probe pass of :func:`row_bytes` (odd and small: few weights have a first dimension of 7)."""
+
+_ROW_BYTES: dict[Any, int] = {}
+""":func:`row_bytes` per architecture and row shape (a performance hint, so shared by the process's
+``DataLoss`` objects: one built per message measures nothing again)."""
 
 
 def stacked_state(vectors: NDArray[np.floating], layout: Layout, device: Any) -> dict[str, torch.Tensor]:
@@ -154,6 +180,57 @@ def stacked_outputs(module: torch.nn.Module, state: dict[str, torch.Tensor], inp
     return torch.func.vmap(one, in_dims=(0, None))(state, inputs)
 
 
+class _LargestRowTensor(TorchFunctionMode):
+    """Records the largest tensor with ``rows`` rows (first dimension) that a torch function returns."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows, self.largest = rows, 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for value in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == self.rows:
+                self.largest = max(self.largest, value.nelement() * value.element_size())
+        return result
+
+
+def row_bytes(forward: Callable[[torch.Tensor], Any], inputs: torch.Tensor, rows: int = PROBE_ROWS) -> int:
+    """Bytes per row of the largest intermediate tensor of ``forward`` (a module's forward pass), measured.
+
+    ``forward`` runs once, under ``torch.no_grad()``, on the first ``rows`` rows of ``inputs``, with a
+    :class:`torch.overrides.TorchFunctionMode` recording every tensor a torch function returns whose first
+    dimension is that row count (activations; the weights have other shapes).
+
+    Parameters
+    ----------
+    forward : callable
+        ``forward(x) -> outputs``, e.g. the module (put it in ``eval()`` mode first: batch norm in training
+        mode would update its running statistics on the probe rows).
+    inputs : torch.Tensor
+        Rows along the first dimension.
+    rows : int, default PROBE_ROWS
+        The probe's rows (fewer if ``inputs`` has fewer).
+
+    Returns
+    -------
+    int
+        The largest such tensor's bytes divided by the probe's rows, rounded up (at least the bytes of one
+        input row).
+
+    Raises
+    ------
+    Exception
+        Whatever ``forward`` raises on the probe rows (:class:`DataLoss` then keeps ``batch_size`` rows).
+    """
+    probe = inputs[:max(1, min(int(rows), len(inputs)))]
+    recorder = _LargestRowTensor(len(probe))
+    with torch.no_grad(), recorder:
+        forward(probe)
+    per_row = -(-recorder.largest // len(probe))
+    return max(per_row, probe[:1].nelement() * probe.element_size())
+
+
 def loss_rows(num_rows: int, max_rows: Optional[int], seed: int = 0, client_id: int = 0) -> Optional[NDArray[np.int64]]:
     """The rows a subsampled :class:`DataLoss` scores: at most ``max_rows`` of ``num_rows``, sorted.
 
@@ -192,7 +269,7 @@ class DataLoss:
     criterion : callable, default ``torch.nn.functional.cross_entropy``
         ``criterion(outputs, targets) -> mean loss`` of a batch.
     batch_size : int, default 128
-        Rows per forward pass (the batched pass holds ``K ×`` a batch's activations).  On the
+        Rows per forward pass at most (the batched pass holds ``K ×`` a batch's activations).  On the
         CPU batches of 64–128 images measured ≈ 2× faster than one pass over 250 (cache).
     device : torch.device, optional
         Where the rows go (default: where they are).
@@ -205,6 +282,14 @@ class DataLoss:
         Score the models on at most this many rows (:func:`loss_rows`); ``None``: every row.
     seed, client_id : int, default 0
         The subsample's draw coordinates (:func:`loss_rows`; unused without ``max_rows``).
+    batch_bytes : int, None or "auto", default "auto"
+        Also cap the rows per forward pass so that the largest intermediate tensor of one pass (of one
+        model; ``K`` models in the batched pass) stays within this many bytes: ``rows = batch_bytes //``
+        :func:`row_bytes` (measured once per architecture, on a probe pass of :data:`PROBE_ROWS` rows),
+        at least 1 and at most ``batch_size``.  ``"auto"``: :data:`BATCH_BYTES` (2 MiB) for data on the
+        CPU, no cap on other devices; ``None``: ``batch_size`` rows always.  Large activations are
+        page-faulted in again on every pass on the CPU (module docstring); the losses are the same sums in
+        other batches (float32 rounding).
 
     Attributes
     ----------
@@ -212,6 +297,8 @@ class DataLoss:
         The rows scored (the subsample under ``max_rows``).
     rows : ndarray of int64 or None
         Which of the given rows they are (``None``: all).
+    batch_bytes : int or None
+        The byte cap in force (``"auto"`` resolved).
 
     Notes
     -----
@@ -221,13 +308,19 @@ class DataLoss:
     def __init__(self, inputs: torch.Tensor, targets: torch.Tensor,
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
                  batch_size: int = 128, device: Optional[Any] = None, channels_last: bool | str = "auto",
-                 max_rows: Optional[int] = None, seed: int = 0, client_id: int = 0) -> None:
+                 max_rows: Optional[int] = None, seed: int = 0, client_id: int = 0,
+                 batch_bytes: Union[int, str, None] = "auto") -> None:
         if len(inputs) != len(targets) or len(inputs) == 0:
             raise ValueError(f"DataLoss needs as many targets as inputs (> 0), got {len(inputs)} and {len(targets)}")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
             raise invalid("DataLoss batch_size", batch_size, "an integer ≥ 1")
         if channels_last not in (True, False, "auto"):
             raise invalid("DataLoss channels_last", channels_last, "True, False or 'auto'")
+        if not (batch_bytes is None or batch_bytes == "auto" or (isinstance(batch_bytes, (int, np.integer))
+                                                                and not isinstance(batch_bytes, bool)
+                                                                and batch_bytes >= 1)):
+            raise invalid("DataLoss batch_bytes", batch_bytes, "None (batch_size rows), 'auto' or an integer ≥ 1",
+                          "e.g. batch_bytes=2**21 keeps the largest activation of a pass within 2 MiB")
         self.rows = loss_rows(len(inputs), max_rows, seed, client_id)
         if self.rows is not None:
             index = torch.from_numpy(self.rows)
@@ -240,15 +333,52 @@ class DataLoss:
         self._loop_inputs = self.inputs.contiguous(memory_format=torch.channels_last) \
             if channels_last and self.inputs.dim() == 4 else self.inputs
         self._each_channels_last = bool(channels_last) and self.inputs.dim() == 4
+        if batch_bytes == "auto":
+            batch_bytes = BATCH_BYTES if self.inputs.device.type == "cpu" else None
+        self.batch_bytes: Optional[int] = None if batch_bytes is None else int(batch_bytes)
 
-    def _batches(self, inputs: Optional[torch.Tensor] = None) -> Any:
+    def _pass_rows(self, key: Any, forward: Callable[[torch.Tensor], Any], models: int = 1) -> int:
+        """Rows per forward pass: ``batch_size``, capped by ``batch_bytes`` over ``models ×`` :func:`row_bytes`.
+
+        ``key`` names the architecture (with the rows' shape and dtype) in the process-wide cache.  A probe
+        that raises leaves ``batch_size`` (and is not cached): the pass itself shows whether the module runs.
+        """
+        if self.batch_bytes is None:
+            return self.batch_size
+        key = (key, tuple(self.inputs.shape[1:]), self.inputs.dtype, self.inputs.device.type)
+        per_row = _ROW_BYTES.get(key)
+        if per_row is None:
+            try:
+                per_row = row_bytes(forward, self.inputs)
+            except Exception:  # e.g. x.view(...) on a channels-last activation: the pass will tell
+                return self.batch_size
+            if len(_ROW_BYTES) >= 256:
+                _ROW_BYTES.clear()
+            _ROW_BYTES[key] = per_row
+        return max(1, min(self.batch_size, self.batch_bytes // (per_row * max(1, models))))
+
+    def _module_rows(self, model: torch.nn.Module) -> int:
+        """Rows per pass for ``model`` itself (the loop): probed in ``eval()`` mode, the mode restored."""
+        if self.batch_bytes is None:
+            return self.batch_size
+        key = (type(model), tuple(tuple(value.shape) for value in model.state_dict().values()))
+        was_training = model.training
+        model.eval()
+        try:
+            return self._pass_rows(key, model)
+        finally:
+            model.train(was_training)
+
+    def _batches(self, inputs: Optional[torch.Tensor] = None, rows: Optional[int] = None) -> Any:
         inputs = self.inputs if inputs is None else inputs
-        for start in range(0, len(inputs), self.batch_size):
-            yield inputs[start:start + self.batch_size], self.targets[start:start + self.batch_size]
+        rows = self.batch_size if rows is None else rows
+        for start in range(0, len(inputs), rows):
+            yield inputs[start:start + rows], self.targets[start:start + rows]
 
     def _loop_total(self, model: torch.nn.Module, inputs: torch.Tensor) -> float:
+        rows = self._module_rows(model)
         with torch.no_grad():
-            return sum(float(self.criterion(model(x), y)) * len(y) for x, y in self._batches(inputs))
+            return sum(float(self.criterion(model(x), y)) * len(y) for x, y in self._batches(inputs, rows))
 
     def __call__(self, model: torch.nn.Module) -> float:
         """The mean loss of ``model`` (the loop path: one model)."""
@@ -286,17 +416,19 @@ class DataLoss:
         if self._each_channels_last:
             try:
                 return self._each_totals(model, model_states(vectors, layout, device, _conv_weights(model)),
-                                         self._loop_inputs)
+                                         self._loop_inputs, layout)
             except RuntimeError:  # e.g. x.view(...) on a channels-last activation: contiguous from now on
                 self._each_channels_last = False
-        return self._each_totals(model, model_states(vectors, layout, device), self.inputs)
+        return self._each_totals(model, model_states(vectors, layout, device), self.inputs, layout)
 
     def _each_totals(self, model: torch.nn.Module, states: list[dict[str, torch.Tensor]],
-                     inputs: torch.Tensor) -> NDArray[np.float64]:
+                     inputs: torch.Tensor, layout: Layout) -> NDArray[np.float64]:
         totals = [0.0] * len(states)
         call = torch.func.functional_call
+        rows = self._pass_rows((type(model), tuple(shape for _, shape, _ in layout)),
+                               lambda x: call(model, states[0], (x,))) if states else self.batch_size
         with torch.no_grad():
-            for x, y in self._batches(inputs):
+            for x, y in self._batches(inputs, rows):
                 for k, state in enumerate(states):
                     totals[k] += float(self.criterion(call(model, state, (x,)), y)) * len(y)
         return np.asarray(totals, dtype=np.float64) / len(self.inputs)
@@ -310,8 +442,12 @@ class DataLoss:
         state = stacked_state(vectors, layout, device)
         criterion = torch.func.vmap(self.criterion, in_dims=(0, None))
         totals = torch.zeros(len(vectors), dtype=torch.float64, device=device)
+        rows = self.batch_size if self.batch_bytes is None else self._pass_rows(
+            (type(model), tuple(shape for _, shape, _ in layout)),
+            lambda x: torch.func.functional_call(model, {name: value[0] for name, value in state.items()}, (x,)),
+            models=len(vectors))
         with torch.no_grad():
-            for x, y in self._batches():
+            for x, y in self._batches(rows=rows):
                 totals += criterion(stacked_outputs(model, state, x), y).double() * len(y)
         return (totals / len(self.inputs)).cpu().numpy()
 

@@ -1,4 +1,5 @@
-"""``DataLoss.each``: the ``K`` looped losses as ``functional_call`` states (no ``load_state_dict``); its fallbacks."""
+"""``DataLoss.each``: the ``K`` looped losses as ``functional_call`` states (no ``load_state_dict``); its fallbacks;
+the rows per forward pass capped by bytes (``batch_bytes``, :func:`row_bytes`) with the same losses."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from fedroute.client.batched_losses import LOSS_ATOL, LOSS_RTOL, DataLoss, each_or_none, model_states
+from fedroute.client import batched_losses
+from fedroute.client.batched_losses import (BATCH_BYTES, LOSS_ATOL, LOSS_RTOL, PROBE_ROWS, DataLoss, each_or_none,
+                                            model_states, row_bytes)
 from fedroute.client.torch_adapter import TorchClient
 from fedroute.data.models import SmallCNN, SmallMLP
 
@@ -219,3 +223,127 @@ def test_each_keeps_the_dtypes_of_a_mixed_state() -> None:
     loss = DataLoss(inputs, targets)
     np.testing.assert_allclose(loss.each(model, vectors, layout), _looped(loss, make().eval(), vectors),
                                rtol=LOSS_RTOL, atol=LOSS_ATOL)
+
+
+# ------------------------------------------------------------------ rows per pass capped by bytes (batch_bytes)
+def _pass_sizes(model: nn.Module) -> list[int]:
+    """The rows of every forward pass of ``model`` from now on (a forward pre-hook; it fires under
+    ``functional_call`` too)."""
+    sizes: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: sizes.append(len(args[0])))
+    return sizes
+
+
+@pytest.mark.parametrize(("make", "shape", "expected"), [
+    (lambda: _digits_cnn()(), (1, 8, 8), 32 * 8 * 8 * 4),  # conv2's output (and its ReLU's)
+    (lambda: SmallCNN((3, 32, 32), 10), (3, 32, 32), 16 * 32 * 32 * 4),  # conv1's output
+    (lambda: SmallMLP((20,), 10), (20,), 64 * 4),  # the hidden layer
+], ids=["digits-cnn", "cifar-like-cnn", "mlp"])
+def test_row_bytes_is_the_largest_activation_per_row(make, shape, expected) -> None:
+    model = make().eval()
+    inputs, _ = _data(shape, rows=20)
+    sizes = _pass_sizes(model)
+    assert row_bytes(model, inputs) == expected
+    assert sizes == [PROBE_ROWS]  # one probe pass of PROBE_ROWS rows
+    assert row_bytes(model, inputs[:3]) == expected  # fewer rows than PROBE_ROWS: all of them
+
+
+@pytest.mark.parametrize(("batch_bytes", "rows"), [("auto", BATCH_BYTES // (16 * 16 * 16 * 4)),
+                                                   (2 ** 16, 4), (1, 1), (None, 150), (2 ** 40, 150)],
+                         ids=["auto", "64-KiB", "one-byte", "none", "huge"])
+def test_batch_bytes_caps_the_rows_per_pass_and_the_losses_stay_the_same(batch_bytes, rows) -> None:
+    make = lambda: SmallCNN((3, 16, 16), 10)  # noqa: E731 - 16 KiB of conv1 output per row
+    vectors = _vectors(make, 3)
+    inputs, targets = _data((3, 16, 16), rows=150)
+    batched_losses._ROW_BYTES.clear()
+    loss = DataLoss(inputs, targets, batch_size=256, batch_bytes=batch_bytes)
+    assert loss.batch_bytes == (BATCH_BYTES if batch_bytes == "auto" else batch_bytes)
+    model = make().eval()
+    sizes = _pass_sizes(model)
+    each = loss.each(model, vectors, _layout(model))
+    passes = [size for size in sizes if size != PROBE_ROWS or rows == PROBE_ROWS]
+    assert max(passes) == rows and sum(passes) == 3 * 150  # every row once per model, in passes of ≤ rows
+    # the reference: one pass over all rows per model, each model loaded into the module
+    reference = _looped(DataLoss(inputs, targets, batch_size=150, batch_bytes=None, channels_last=False), make().eval(),
+                        vectors)
+    np.testing.assert_allclose(each, reference, rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    np.testing.assert_allclose(_looped(loss, make().eval(), vectors), reference, rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    batched = loss.batched(make().eval(), vectors, _layout(model))  # the vmap pass: K x a pass's activations
+    np.testing.assert_allclose(batched, reference, rtol=LOSS_RTOL, atol=LOSS_ATOL)
+
+
+def test_small_activations_keep_batch_size_rows_and_the_probe_runs_once_per_architecture() -> None:
+    make = lambda: _digits_cnn()()  # noqa: E731 - 8 KiB per row: 256 rows fit 2 MiB
+    vectors = _vectors(make, 4)
+    inputs, targets = _data((1, 8, 8), rows=96)
+    batched_losses._ROW_BYTES.clear()
+    model = make().eval()
+    sizes = _pass_sizes(model)
+    DataLoss(inputs, targets).each(model, vectors, _layout(model))
+    assert sizes == [PROBE_ROWS, 96, 96, 96, 96]  # the probe, then one pass over every row per model
+    sizes.clear()
+    DataLoss(inputs, targets).each(model, vectors, _layout(model))  # a new DataLoss (one per message)
+    DataLoss(inputs, targets)(model)  # and the loop: the same architecture, no probe again
+    assert sizes == [96] * 5
+
+
+def test_a_module_failing_the_probe_is_scored_with_batch_size_rows() -> None:
+    class _NeedsEightRows(nn.Module):
+        """An MLP that refuses batches of fewer than 8 rows (the probe has PROBE_ROWS = 7)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(20, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if len(x) < 8:
+                raise ValueError("at least 8 rows")
+            return self.fc(x)
+
+    vectors = _vectors(_NeedsEightRows, 3)
+    inputs, targets = _data((20,), rows=64)
+    batched_losses._ROW_BYTES.clear()
+    loss = DataLoss(inputs, targets, batch_size=32)
+    model = _NeedsEightRows()
+    sizes = _pass_sizes(model)
+    values = TorchClient(model, loss, num_examples=64, batched=False).losses(vectors)
+    assert not getattr(loss, "each_failed", False)  # the probe is a hint: each ran, in passes of batch_size
+    assert [size for size in sizes if size != PROBE_ROWS] == [32] * 6
+    expected = []
+    for vector in vectors:
+        reference = _NeedsEightRows().eval()
+        TorchClient(reference, loss, num_examples=64).load_vector(vector)
+        with torch.no_grad():
+            expected.append(float(F.cross_entropy(reference(inputs), targets)))
+    np.testing.assert_allclose(values[0], expected, rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    assert loss(reference) == pytest.approx(expected[-1], rel=LOSS_RTOL)  # the loop too
+    assert not batched_losses._ROW_BYTES  # a failed probe is not remembered
+
+
+def test_the_loops_probe_leaves_a_module_in_training_mode_and_its_statistics_alone() -> None:
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+
+    inputs, targets = _data((20,), rows=40)
+    batched_losses._ROW_BYTES.clear()
+    probed, plain = make().train(), make().train()
+    value = DataLoss(inputs, targets, batch_size=16)(probed)  # probe (in eval mode), then three passes
+    expected = DataLoss(inputs, targets, batch_size=16, batch_bytes=None)(plain)  # three passes, no probe
+    assert probed.training and value == pytest.approx(expected, rel=1e-12)
+    for (name, mine), theirs in zip(probed.state_dict().items(), plain.state_dict().values()):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)  # the probe updated no statistics
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.5, "big"])
+def test_a_bad_batch_bytes_is_refused_naming_the_setting(value) -> None:
+    inputs, targets = _data((20,), rows=8)
+    with pytest.raises(ValueError, match="DataLoss batch_bytes"):
+        DataLoss(inputs, targets, batch_bytes=value)
+
+
+def test_auto_caps_only_on_the_cpu() -> None:
+    inputs = torch.empty(8, 3, 4, 4, device="meta")
+    targets = torch.empty(8, dtype=torch.int64, device="meta")
+    assert DataLoss(inputs, targets).batch_bytes is None  # another device: batch_size rows
+    assert DataLoss(*_data((20,), rows=8)).batch_bytes == BATCH_BYTES == 2 * 2 ** 20
