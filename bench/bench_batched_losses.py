@@ -1,6 +1,6 @@
 """Batched K-model losses: FedAvg against ClusteredRouting with the K loss passes looped and batched, side by side.
 
-Run: ``python bench/bench_batched_losses.py [--ks 2 4 8] [--rows 64 32] [--epochs 5] [--repeat 3]
+Run: ``python bench/bench_batched_losses.py [--ks 2 4 8] [--rows 64 32] [--epochs 5] [--repeat 3] [--paired]
 [--docs docs/performance.md]`` (≈ 40 min of wall time at a 1-minute load of 10–15 on 2 cores).
 
 What is measured: the **CPU time of one federated round** (every client's handler and
@@ -13,11 +13,15 @@ would hide milliseconds), for
   pass over all training rows, as the example app's ``mean_loss``), run once per model:
   what routing cost before;
 * **routing, DataLoss looped**: the ``loss_fn`` a
-  :class:`~fedroute.client.batched_losses.DataLoss` (batches of 128 rows, images in
-  the channels-last layout on the CPU), run once per model (``batched=False``): since
-  issue 24 item 5 that is :meth:`~fedroute.client.batched_losses.DataLoss.each` (the
-  ``K`` models as ``functional_call`` states, convolution weights channels-last, no
-  ``load_state_dict``);
+  :class:`~fedroute.client.batched_losses.DataLoss` (batches of at most 128 rows and, on
+  the CPU, of at most 2 MiB for the largest activation of a pass — ``batch_bytes``: 32
+  rows on cifar-like, every row on digits —, images in the channels-last layout on the
+  CPU), run once per model (``batched=False``): since issue 24 item 5 that is
+  :meth:`~fedroute.client.batched_losses.DataLoss.each` (the ``K`` models as
+  ``functional_call`` states, convolution weights channels-last, no ``load_state_dict``);
+* **routing, DataLoss looped in fixed batches** (``--kinds … fixed``, not run by default): the
+  same with ``batch_bytes=None``, batches of 128 rows whatever their activations (the
+  looped path before the byte cap), side by side;
 * **routing, DataLoss loaded** (``--kinds … loaded``, not run by default): the same
   ``DataLoss`` behind a plain function, so the client loads each model into the module
   and calls it (the looped path before ``each``);
@@ -37,7 +41,11 @@ Two workloads, each client the same local training on both sides (SGD, momentum 
 
 Configurations run interleaved, ``--repeat`` times each (a busy spell of the machine hits
 all alike); the tables give the mean round and the median of the per-repeat ratios to
-the FedAvg run next to it.
+the FedAvg run next to it (``--paired``: a FedAvg run right before every configuration, the
+ratio against that one — on a loaded machine the repeat's single FedAvg run is minutes away from
+its last configurations).  One thread: torch's and numpy's BLAS (``threadpoolctl``, when
+installed): the CPU time measured is this thread's, and a second BLAS thread's work (or a wait
+for it, spinning, on a loaded machine) would go missing or be counted as this thread's.
 """
 
 from __future__ import annotations
@@ -154,8 +162,9 @@ def _user_loss(images: Any, labels: Any) -> Callable[[Any], float]:
 KINDS = ("user", "loop", "batched")
 """The routing configurations on every row: the user's ``loss_fn``, ``DataLoss`` looped, ``DataLoss`` batched."""
 
-KIND_CHOICES = (*KINDS, "loaded")
-"""``--kinds`` may also name ``loaded``: ``DataLoss`` behind a plain function (each model loaded, then scored)."""
+KIND_CHOICES = (*KINDS, "loaded", "fixed")
+"""``--kinds`` may also name ``loaded`` (``DataLoss`` behind a plain function: each model loaded, then scored) and
+``fixed`` (``DataLoss(batch_bytes=None)``: batches of 128 rows, whatever their activations' bytes)."""
 
 ROWS_PREFIX = "rows-"
 """Configuration ``rows-m``: the looped ``DataLoss`` with ``max_rows = m``."""
@@ -170,6 +179,8 @@ def _routing_loss(workload: Workload, kind: str, client: int) -> Callable[[Any],
     if kind == "loaded":
         loss = DataLoss(*workload.data[client], client_id=client)
         return lambda model: loss(model)  # a plain function: no each(), the client loads every model
+    if kind == "fixed":
+        return DataLoss(*workload.data[client], client_id=client, batch_bytes=None)
     max_rows = int(kind[len(ROWS_PREFIX):]) if kind.startswith(ROWS_PREFIX) else None
     return DataLoss(*workload.data[client], max_rows=max_rows, client_id=client)
 
@@ -225,10 +236,19 @@ def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int,
 
 
 def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: int,
-        num_clients: int, rows: Iterable[int] = (), kinds: Iterable[str] = KINDS) -> dict[str, list[dict[str, Any]]]:
+        num_clients: int, rows: Iterable[int] = (), kinds: Iterable[str] = KINDS,
+        paired: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Every configuration ``repeat`` times, interleaved; ``paired``: a FedAvg run right before each one (its ratio's
+    baseline), else one FedAvg run per repeat for all."""
     import torch
 
     torch.set_num_threads(1)
+    try:  # numpy's BLAS too (the server step's norms and products)
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - comes with scikit-learn
+        pass
+    else:
+        threadpool_limits(limits=1)
     logging.getLogger("fedroute").setLevel(logging.ERROR)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -245,7 +265,10 @@ def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: i
         for _ in range(repeat):
             baseline = measure_round_cpu(workload, FEDAVG, 1, rounds)
             samples[(FEDAVG, 1)].append(baseline)
-            for configuration in configurations[1:]:
+            for index, configuration in enumerate(configurations[1:]):
+                if paired and index:
+                    baseline = measure_round_cpu(workload, FEDAVG, 1, rounds)
+                    samples[(FEDAVG, 1)].append(baseline)
                 value = measure_round_cpu(workload, configuration[0], configuration[1], rounds)
                 samples[configuration].append(value)
                 ratios[configuration].append(value / baseline)
@@ -260,20 +283,23 @@ def _label(kind: str) -> str:
     if kind.startswith(ROWS_PREFIX):
         return f"DataLoss looped on {kind[len(ROWS_PREFIX):]} rows (max_rows)"
     return {"user": "the user's loss_fn (one pass over all rows), looped",
-            "loop": "DataLoss looped (DataLoss.each: batches of 128, channels-last on the CPU)",
+            "loop": "DataLoss looped (DataLoss.each: batches of ≤ 128 rows and ≤ 2 MiB activations, channels-last)",
+            "fixed": "DataLoss looped in fixed batches of 128 rows (batch_bytes=None: before)",
             "loaded": "DataLoss loaded per model (load_state_dict, then the loop)",
             "batched": "DataLoss batched (torch.func.vmap)"}[kind]
 
 
 def table(results: dict[str, list[dict[str, Any]]], epochs: int, rounds: int, repeat: int,
           num_clients: int, subsamples: Iterable[int] = (), kinds: Iterable[str] = KINDS,
-          start_load: Optional[float] = None) -> str:
+          start_load: Optional[float] = None, paired: bool = False) -> str:
     import os
 
     subsamples = list(subsamples)
     options = f"--epochs {epochs} --rounds {rounds} --repeat {repeat} --rows {' '.join(map(str, subsamples))}".strip()
     if tuple(kinds) != KINDS:
         options += f" --kinds {' '.join(kinds)}"
+    if paired:
+        options += " --paired"
     load = f"{os.getloadavg()[0]:.1f}" if start_load is None else f"{start_load:.1f} → {os.getloadavg()[0]:.1f}"
     lines = [f"**Batched K-model losses: CPU time of one round, {num_clients} clients, {epochs} local epochs** "
              f"(`python bench/bench_batched_losses.py {options.strip()}`; "
@@ -311,13 +337,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--paired", action="store_true",
+                        help="a FedAvg run right before every configuration, each ratio against it (on a busy machine "
+                             "the pairs are closer in time; twice the FedAvg runs)")
     parser.add_argument("--docs", type=Path, default=None, help="write the tables between the markers of this file")
     args = parser.parse_args(argv)
     import os
 
     start_load = os.getloadavg()[0]
-    results = run(args.workloads, args.ks, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds)
-    text = table(results, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds, start_load)
+    results = run(args.workloads, args.ks, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds,
+                  args.paired)
+    text = table(results, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds, start_load,
+                 args.paired)
     print(text)
     if args.docs is not None:
         write_docs(args.docs, text)
