@@ -307,9 +307,12 @@ def test_generic_default_flower_and_simulator_agree(generic_run: Path, repositor
         flower_models = np.stack([models[f"{method}/cluster-{k}"] for k in range(2)])
         np.testing.assert_allclose(flower_models, history.cluster_models[-1], atol=1e-5, rtol=0)
         assert set(table.loc[0]) == {0, 1}  # identical copies: random ties split the clients at t = 0
-        exploiting = routing.exploitation_start(NUM_ROUNDS)
-        greedy = history.train_losses[exploiting:].argmin(axis=-1)
-        np.testing.assert_array_equal(history.routes[exploiting:], greedy)  # the exploitation phase is Greedy
-        assert (history.arms[exploiting:] == -1).all() and (history.arms[:exploiting] >= 0).any()
+        # split-copies parts the copies' round-0 replies by update direction: each group on its own copy from
+        # t = 1, no collapse sign, so every round is Greedy (explore-at-start is off in the generic default)
+        assert routing.split_copies and not routing.explore_at_start
+        assert (history.arms == -1).all()
+        np.testing.assert_array_equal(history.routes[1:], history.train_losses[1:].argmin(axis=-1))
+        groups = np.asarray(settings.task.groups(np.arange(NUM_CLIENTS)))
+        assert len(set(zip(groups.tolist(), history.routes[-1].tolist()))) == len(set(groups.tolist())) == 2
     greedy_routes = routes[routes.method == "greedy"].pivot(index="round_index", columns="client_id", values="cluster")
     assert set(greedy_routes.loc[0]) == {0}  # Greedy IFCA keeps the lowest-index ties
