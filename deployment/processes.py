@@ -17,7 +17,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from fedroute.deployment.control_api import ControlAddress
 
 __all__ = ["QUIET_ENVIRONMENT", "flwr_executable", "free_port", "quiet_environment", "stop_processes",
            "run_status", "descendants", "carries_home", "wait_port", "stamp", "copy_stamped", "tail"]
@@ -150,8 +153,22 @@ def stop_processes(flwr_home: Path, grace: float = 5.0) -> None:
             pass
 
 
-def run_status(flwr: str, run_id: int, environment: dict[str, str]) -> str:
-    """``finished:completed`` etc., from ``flwr ls --run-id X --format json``."""
+def run_status(flwr: str, run_id: int, environment: dict[str, str],
+               control: Optional["ControlAddress"] = None) -> str:
+    """``finished:completed`` etc., as ``flwr ls --run-id X --format json`` gives it (``unknown`` if there is none).
+
+    With ``control`` (the SuperLink's Control API) the query runs in this process
+    (:mod:`fedroute.deployment.control_api`), else through the ``flwr`` command.
+    """
+    if control is not None:
+        from fedroute.deployment.control_api import control_client, run_statuses
+
+        client = control_client(control)
+        if client is not None:
+            try:
+                return run_statuses(client, run_id).get(run_id, "unknown")
+            finally:
+                client.close()
     listing = subprocess.run([flwr, "ls", "--run-id", str(run_id), "--format", "json"], env=environment,
                              capture_output=True, text=True, timeout=60)
     try:
