@@ -81,7 +81,7 @@ def _start_due_kills(federation: LocalFederation, previous: dict[int, set[int]],
     return not pending
 
 
-def test_supernodes_lost_mid_round_are_left_out_and_rejoin_with_their_state(repository: Path, tmp_path: Path) -> None:
+def test_supernodes_lost_mid_round_are_left_out_and_rejoin_with_their_state(flower_app: Path, tmp_path: Path) -> None:
     """In one round, one SuperNode is stopped with SIGTERM and another SIGKILLed, each with its ClientApp.
     The round ends without both, their clusters' updates hold only the third client's reply; both restarted
     nodes (same partition and state-dir, new node ids) rejoin and continue their controller state."""
@@ -93,7 +93,7 @@ def test_supernodes_lost_mid_round_are_left_out_and_rejoin_with_their_state(repo
     config = {**CONFIG, "num-server-rounds": rounds, "round-timeout": 45.0, "min-train-nodes": 2,
               "results-dir": str(results_root)}
     outcome: dict[str, Any] = {}
-    with LocalFederation(repository, NUM_NODES, state_dir=state_dir, log_dir=logs) as federation:
+    with LocalFederation(flower_app, NUM_NODES, state_dir=state_dir, log_dir=logs) as federation:
         runner = threading.Thread(target=lambda: outcome.update(result=federation.run(config, timeout=600)))
         runner.start()
         try:
@@ -155,7 +155,7 @@ def _check_lost_round_and_rejoins(directory: Path, expected: np.ndarray, state_d
 
 
 def test_server_side_killed_mid_run_and_restarted_gives_the_uninterrupted_result(
-        repository: Path, tmp_path: Path, task_identity: None) -> None:
+        flower_app: Path, tmp_path: Path, task_identity: None) -> None:
     """The SuperLink (with its SuperExec and the ServerApp) is SIGKILLed after a checkpoint; the SuperNodes
     stay up.  The SuperLink is restarted (same database); then SuperNode 0 is restarted too, so that its
     client's state comes from its state file (run config ``client-state-dir``, as in a simulation, whose
@@ -167,7 +167,7 @@ def test_server_side_killed_mid_run_and_restarted_gives_the_uninterrupted_result
     config = {**CONFIG, "num-server-rounds": rounds, "checkpoint-dir": str(checkpoints),
               "client-state-dir": str(tmp_path / "state")}
     first: dict[str, Any] = {}
-    with LocalFederation(repository, NUM_NODES, log_dir=logs) as federation:
+    with LocalFederation(flower_app, NUM_NODES, log_dir=logs) as federation:
         runner = threading.Thread(target=lambda: first.update(result=federation.run(
             {**config, "results-dir": str(tmp_path / "killed")}, timeout=600)), daemon=True)
         runner.start()

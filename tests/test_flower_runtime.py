@@ -127,7 +127,7 @@ def _results(result, results_root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def flower_runs(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def flower_runs(flower_app: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Case name → results directory of its ``flwr run`` (each case run once per module, when first asked)."""
     done: dict[str, Path] = {}
 
@@ -135,7 +135,7 @@ def flower_runs(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> C
         if case not in done:
             config = CASES[case].run_config
             results_root = tmp_path_factory.mktemp(f"results-{case}")
-            result = run_flower_app(repository, {**config, "results-dir": str(results_root)},
+            result = run_flower_app(flower_app, {**config, "results-dir": str(results_root)},
                                     num_supernodes=int(config["num-clients"]), timeout=600)
             done[case] = _results(result, results_root)
         return done[case]
@@ -284,9 +284,9 @@ GENERIC_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def generic_run(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def generic_run(flower_app: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     results_root = tmp_path_factory.mktemp("generic")
-    result = run_flower_app(repository, {**GENERIC_CONFIG, "results-dir": str(results_root)},
+    result = run_flower_app(flower_app, {**GENERIC_CONFIG, "results-dir": str(results_root)},
                             num_supernodes=NUM_CLIENTS, timeout=600)
     return _results(result, results_root)
 
