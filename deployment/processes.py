@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Optional
@@ -46,6 +47,7 @@ LISTEN_PORTS = (10000, 32768)
 """Where :func:`free_port` looks: below Linux's default ephemeral range (32768–60999)."""
 
 _HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
 
 
 def free_port() -> int:
@@ -55,9 +57,16 @@ def free_port() -> int:
     connection may take an ephemeral port as its local port before the process meant to listen on it
     binds it — seen as a SuperNode's "address already in use" while the other SuperNodes were connecting.
     The port is drawn at random from :data:`LISTEN_PORTS` minus the machine's ephemeral range
-    (``/proc/sys/net/ipv4/ip_local_port_range``), never twice in one process, and must bind now.  Where
-    that leaves no room, the kernel's choice.
+    (``/proc/sys/net/ipv4/ip_local_port_range``), never twice in one process (also when threads ask at the
+    same time: a test runs a simulation and a deployment at once), and must bind now.  Where that leaves no
+    room, the kernel's choice.
     """
+    with _HANDING_OUT:
+        return _draw_port()
+
+
+def _draw_port() -> int:
+    """:func:`free_port`'s draw (the caller holds ``_HANDING_OUT``)."""
     low, high = LISTEN_PORTS
     ephemeral = _ephemeral_range()
     candidates = [port for port in range(low, high)
