@@ -7,8 +7,9 @@
   (:mod:`~fedroute.deployment.faults`);
 * :mod:`~fedroute.deployment.certificates`: :func:`make_certificates`, the private CA, SuperLink
   certificate and SuperNode keys (``fedroute certificates``);
-* :mod:`~fedroute.deployment.flwr_config` (run configs as ``flwr run`` reads them) and
-  :mod:`~fedroute.deployment.processes` (environment, ports, logs, stopping every process of a run).
+* :mod:`~fedroute.deployment.flwr_config` (run configs as ``flwr run`` reads them),
+  :mod:`~fedroute.deployment.processes` (environment, ports, logs, stopping every process of a run) and
+  :mod:`~fedroute.deployment.control_api` (a SuperLink's runs and nodes, queried from this process).
 
 None of it runs inside the ServerApp or the ClientApp (``fedroute.server``, ``fedroute.client``).
 Import a name from its module (``from fedroute.deployment.local import LocalFederation``): this package

@@ -3,8 +3,9 @@
 ``flwr run`` starts a detached local SuperLink that outlives the command and
 keeps the environment it started with (docs/deployment.md).  :func:`run_flower_app`
 gives each run its own ``FLWR_HOME`` and ports, disables per-run dependency
-installation and telemetry, checks the run's final status with ``flwr ls``
-(``flwr run --stream`` exits 0 even when the ServerApp crashed), and always
+installation and telemetry, checks the run's final status as ``flwr ls`` lists it
+(``flwr run --stream`` exits 0 even when the ServerApp crashed; queried from this process through the
+local SuperLink's Control API, :mod:`~fedroute.deployment.control_api`), and always
 stops every process that carries its ``FLWR_HOME`` (SuperLink, simulation,
 Ray workers) afterwards.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from fedroute.deployment.control_api import ControlAddress
 from fedroute.deployment.flwr_config import format_run_config, load_run_config_file, resolve_run_config
 from fedroute.deployment.processes import flwr_executable, quiet_environment, run_status, stop_processes
 
@@ -146,11 +148,17 @@ def _watched_run(command: list[str], environment: dict[str, str], started: float
         match = re.search(r"Successfully started run (\d+)", "".join(lines))
         if match:
             run_id = int(match.group(1))
-            status = run_status(command[0], run_id, environment)
+            status = run_status(command[0], run_id, environment, local_superlink(environment))
     finally:
         if process.poll() is None:
             process.kill()
     return process.returncode, "".join(lines), run_id, status
+
+
+def local_superlink(environment: dict[str, str]) -> ControlAddress:
+    """The Control API of the local SuperLink ``flwr run`` starts in ``environment`` (plain HTTP on 127.0.0.1,
+    the port :func:`~fedroute.deployment.processes.quiet_environment` chose)."""
+    return ControlAddress(f"127.0.0.1:{environment['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}")
 
 
 def _clean_up(home: Path, environment: dict[str, str], remove_home: bool) -> None:

@@ -4,8 +4,8 @@
 processes (each SuperNode with ``--node-config "partition-id=i
 num-partitions=N [state-dir=...]"`` and its own Runtime API port), writes the
 SuperLink connection into ``$FLWR_HOME/config.toml``, runs the app with
-``flwr run <app> <connection> --stream`` and checks the run's status with
-``flwr ls``.  Every process it started (and everything they started: SuperExec,
+``flwr run <app> <connection> --stream`` and checks the run's status as
+``flwr ls`` lists it.  Every process it started (and everything they started: SuperExec,
 ServerApp and ClientApp processes, which all carry this federation's
 ``FLWR_HOME``) is stopped on exit, also after an error.  Its runs and listings
 through ``flwr`` are :mod:`fedroute.deployment.control`'s, taking its nodes and

@@ -15,9 +15,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from fedroute.deployment.control_api import ControlAddress
 
 __all__ = ["QUIET_ENVIRONMENT", "flwr_executable", "free_port", "quiet_environment", "stop_processes",
            "run_status", "descendants", "carries_home", "wait_port", "stamp", "copy_stamped", "tail"]
@@ -43,6 +47,7 @@ LISTEN_PORTS = (10000, 32768)
 """Where :func:`free_port` looks: below Linux's default ephemeral range (32768–60999)."""
 
 _HANDED_OUT: set[int] = set()
+_HANDING_OUT = threading.Lock()
 
 
 def free_port() -> int:
@@ -52,9 +57,16 @@ def free_port() -> int:
     connection may take an ephemeral port as its local port before the process meant to listen on it
     binds it — seen as a SuperNode's "address already in use" while the other SuperNodes were connecting.
     The port is drawn at random from :data:`LISTEN_PORTS` minus the machine's ephemeral range
-    (``/proc/sys/net/ipv4/ip_local_port_range``), never twice in one process, and must bind now.  Where
-    that leaves no room, the kernel's choice.
+    (``/proc/sys/net/ipv4/ip_local_port_range``), never twice in one process (also when threads ask at the
+    same time: a test runs a simulation and a deployment at once), and must bind now.  Where that leaves no
+    room, the kernel's choice.
     """
+    with _HANDING_OUT:
+        return _draw_port()
+
+
+def _draw_port() -> int:
+    """:func:`free_port`'s draw (the caller holds ``_HANDING_OUT``)."""
     low, high = LISTEN_PORTS
     ephemeral = _ephemeral_range()
     candidates = [port for port in range(low, high)
@@ -150,8 +162,22 @@ def stop_processes(flwr_home: Path, grace: float = 5.0) -> None:
             pass
 
 
-def run_status(flwr: str, run_id: int, environment: dict[str, str]) -> str:
-    """``finished:completed`` etc., from ``flwr ls --run-id X --format json``."""
+def run_status(flwr: str, run_id: int, environment: dict[str, str],
+               control: Optional["ControlAddress"] = None) -> str:
+    """``finished:completed`` etc., as ``flwr ls --run-id X --format json`` gives it (``unknown`` if there is none).
+
+    With ``control`` (the SuperLink's Control API) the query runs in this process
+    (:mod:`fedroute.deployment.control_api`), else through the ``flwr`` command.
+    """
+    if control is not None:
+        from fedroute.deployment.control_api import control_client, run_statuses
+
+        client = control_client(control)
+        if client is not None:
+            try:
+                return run_statuses(client, run_id).get(run_id, "unknown")
+            finally:
+                client.close()
     listing = subprocess.run([flwr, "ls", "--run-id", str(run_id), "--format", "json"], env=environment,
                              capture_output=True, text=True, timeout=60)
     try:

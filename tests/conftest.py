@@ -32,6 +32,26 @@ def repository() -> Path:
     return REPOSITORY
 
 
+@pytest.fixture(scope="session")
+def repository_fab(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The FAB ``flwr build --app <repository>`` makes (built once per session)."""
+    from support.fab import built_fab
+
+    return built_fab(repository, tmp_path_factory.mktemp("fab"))
+
+
+@pytest.fixture(scope="session")
+def flower_app(repository: Path, repository_fab: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repository's Flower app for ``flwr run``: its files that Flower packs, copied once per session
+    (:func:`support.fab.staged_app`), so that a run does not list a virtualenv inside the checkout.  Its FAB is
+    the repository's, byte for byte."""
+    from support.fab import fab_bytes, staged_app
+
+    app_dir = staged_app(repository, tmp_path_factory.mktemp("flower-app") / repository.name)
+    assert fab_bytes(app_dir) == repository_fab.read_bytes(), "the staged app's FAB differs from the repository's"
+    return app_dir
+
+
 @pytest.fixture()
 def task_identity() -> Iterator[None]:
     """Flower stamps new messages with the running task's identity: this process is a ServerApp's

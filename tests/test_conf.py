@@ -118,12 +118,13 @@ def test_a_bad_run_config_file_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_conf_fig1_through_flowers_default_federation_equals_the_simulator(
-        repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_fedroute_bin: Path) -> None:
-    """`flwr run <repo> --run-config conf/fig1.toml`, no federation config: 2 SuperNodes, so 2 clients; from an
-    environment where `import fedroute` fails (the FAB's files run the ServerApp and, in the Ray workers, the
-    ClientApps)."""
+        repository: Path, flower_app: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        no_fedroute_bin: Path) -> None:
+    """`flwr run <repo> --run-config conf/fig1.toml` (the repository's app files, ``flower_app``), no federation
+    config: 2 SuperNodes, so 2 clients; from an environment where `import fedroute` fails (the FAB's files run the
+    ServerApp and, in the Ray workers, the ClientApps)."""
     monkeypatch.setenv("FEDROUTE_RESULTS_ROOT", str(tmp_path))  # conf files leave results-dir relative
-    result = run_flower_app(repository, {}, num_supernodes=None, run_config_file=CONF / "fig1.toml", timeout=600,
+    result = run_flower_app(flower_app, {}, num_supernodes=None, run_config_file=CONF / "fig1.toml", timeout=600,
                             environment_bin=no_fedroute_bin)
     assert result.completed, f"{result.status}\n{result.stdout[-4000:]}"
     (directory,) = (tmp_path / "results").iterdir()

@@ -348,8 +348,8 @@ def test_the_benchmark_configs_name_the_hub_data_and_run_on_the_offline_standin(
 # ------------------------------------------------------------------------------- fedroute flower (Ray)
 @pytest.mark.process
 def test_the_issues_command_runs_in_flowers_simulation_and_reports_accuracy(files: dict[str, Path],
-                                                                            tmp_path: Path, repository: Path) -> None:
-    command = [sys.executable, "-m", "fedroute", "flower", "--app-dir", str(repository),
+                                                                            tmp_path: Path, flower_app: Path) -> None:
+    command = [sys.executable, "-m", "fedroute", "flower", "--app-dir", str(flower_app),
                "--results-dir", str(tmp_path), "--timeout", "600", "--run-config", "task=dataset",
                f"dataset={files['parquet']}", "partitioner=dirichlet", "dirichlet-alpha=0.5", "num-groups=4",
                "group-transform=rotate", "num-clusters=4", "num-clients=20", "num-server-rounds=10",

@@ -8,6 +8,7 @@ killed server side are in ``tests/test_faults.py``.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,27 +18,28 @@ import pytest
 from fedroute.deployment.launcher import run_flower_app
 from fedroute.deployment.local import CONNECTION, LocalFederation
 from support.deployment import CONFIG, NUM_NODES, home_processes, results_dir
-from support.fab import built_fab
 
 pytestmark = pytest.mark.process
 
 
-def test_deployment_with_tls_equals_the_ray_simulation(repository: Path, tmp_path: Path,
+def test_deployment_with_tls_equals_the_ray_simulation(flower_app: Path, repository_fab: Path, tmp_path: Path,
                                                        no_fedroute_bin: Path) -> None:
     """Both runtimes from an environment where `import fedroute` fails (the FAB carries the app), with
-    num-clients = "auto" (the SuperNodes' num-partitions)."""
+    num-clients = "auto" (the SuperNodes' num-partitions).  The two runs are independent (own FLWR_HOME, ports
+    and Ray): the Ray simulation runs while the deployment, which mostly waits on Flower's polls, runs too."""
     config = {**CONFIG, "num-clients": "auto", "num-server-rounds": 3}
-    simulated = results_dir(run_flower_app(repository, {**config, "results-dir": str(tmp_path / "sim")},
-                                        num_supernodes=NUM_NODES, timeout=300, environment_bin=no_fedroute_bin),
-                         tmp_path / "sim", tmp_path)
     logs = tmp_path / "logs"
-    with LocalFederation(repository, NUM_NODES, tls=True, log_dir=logs,
-                         environment_bin=no_fedroute_bin) as federation:
-        connection = (federation.flwr_home / "config.toml").read_text()
-        assert f"[superlink.{CONNECTION}]" in connection and "root-certificates" in connection
-        assert "insecure" not in connection
-        result = federation.run({**config, "results-dir": str(tmp_path / "deploy")}, timeout=400)
-        home = federation.flwr_home
+    with ThreadPoolExecutor(max_workers=1) as background:
+        simulation = background.submit(run_flower_app, flower_app, {**config, "results-dir": str(tmp_path / "sim")},
+                                       num_supernodes=NUM_NODES, timeout=300, environment_bin=no_fedroute_bin)
+        with LocalFederation(flower_app, NUM_NODES, tls=True, log_dir=logs,
+                             environment_bin=no_fedroute_bin) as federation:
+            connection = (federation.flwr_home / "config.toml").read_text()
+            assert f"[superlink.{CONNECTION}]" in connection and "root-certificates" in connection
+            assert "insecure" not in connection
+            result = federation.run({**config, "results-dir": str(tmp_path / "deploy")}, timeout=400)
+            home = federation.flwr_home
+        simulated = results_dir(simulation.result(), tmp_path / "sim", tmp_path)
     deployed = results_dir(result, tmp_path / "deploy", logs)
     assert result.results_dir == deployed
     assert not home_processes(home), "a process of the deployment outlived the federation"
@@ -59,15 +61,16 @@ def test_deployment_with_tls_equals_the_ray_simulation(repository: Path, tmp_pat
     assert dep_rounds.routed_1.sum() > 0 and dep_rounds.exp3_weight_spread.iloc[-1] > 0
     summary = json.loads((deployed / "summary.json").read_text())["exp3"]
     assert summary["evaluated_clients"] == NUM_NODES and summary["rejected_replies"] == 0
-    _ran_the_fab_without_an_installed_fedroute(repository, tmp_path, home, no_fedroute_bin, simulated, deployed, logs)
+    _ran_the_fab_without_an_installed_fedroute(repository_fab, home, no_fedroute_bin, simulated, deployed, logs)
 
 
-def _ran_the_fab_without_an_installed_fedroute(repository: Path, tmp_path: Path, home: Path, bin_dir: Path,
-                                               simulated: Path, deployed: Path, logs: Path) -> None:
-    """Both runs ran the FAB `flwr build` makes (its files, by its hash) in the environment without fedroute."""
+def _ran_the_fab_without_an_installed_fedroute(fab: Path, home: Path, bin_dir: Path, simulated: Path,
+                                               deployed: Path, logs: Path) -> None:
+    """Both runs ran the FAB `flwr build` makes of the repository (its files, by its hash) in the environment
+    without fedroute."""
     import hashlib
 
-    fab_hash = hashlib.sha256(built_fab(repository, tmp_path / "fab").read_bytes()).hexdigest()
+    fab_hash = hashlib.sha256(fab.read_bytes()).hexdigest()
     for directory in (simulated, deployed):
         config = json.loads((directory / "config.json").read_text())
         assert config["python"] == str(bin_dir / "python"), config["python"]

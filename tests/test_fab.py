@@ -24,14 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from support.fab import built_fab
-
 pytestmark = pytest.mark.process  # flwr build, and processes that import the FAB's files
 
 
 @pytest.fixture(scope="module")
-def fab(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return built_fab(repository, tmp_path_factory.mktemp("fab"))
+def fab(repository_fab: Path) -> Path:
+    return repository_fab
 
 
 def test_the_fab_holds_the_package_and_nothing_else(fab: Path, repository: Path) -> None:

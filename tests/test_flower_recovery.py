@@ -32,8 +32,8 @@ RUN_CONFIG = {"method": "greedy,exp3", "num-clients": NUM_CLIENTS, "num-server-r
               "block-length": 5, "init": "collapsed"}
 
 
-def test_exp3_recovers_and_greedy_does_not_on_the_same_seed(repository: Path, tmp_path: Path) -> None:
-    result = run_flower_app(repository, {**RUN_CONFIG, "results-dir": str(tmp_path)}, num_supernodes=NUM_CLIENTS,
+def test_exp3_recovers_and_greedy_does_not_on_the_same_seed(flower_app: Path, tmp_path: Path) -> None:
+    result = run_flower_app(flower_app, {**RUN_CONFIG, "results-dir": str(tmp_path)}, num_supernodes=NUM_CLIENTS,
                             timeout=900)
     assert result.completed, f"status {result.status!r}\n{result.stdout[-4000:]}"
     (directory,) = [path for path in tmp_path.iterdir() if path.is_dir()]

@@ -21,12 +21,15 @@ the same cluster models ``W^0 … W^T`` within the case's tolerance:
   rounds; the simulator samples the same clients; float64, ``atol = 1e-12``.
 
 The linear run is also shared by the tests of the results files; a further run
-uses a ClientApp whose partitions 0–3 send malformed replies.
+uses a ClientApp whose partitions 0–3 send malformed replies.  The cases' runs and
+the generic default's start two at a time when the module starts (``flower_runs``,
+:mod:`support.runs_ahead`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,6 +47,7 @@ from fedroute.simulation.fedcam import simulate_fedcam_batch
 from fedroute.simulation.simulator import simulate
 from fedroute.tasks.housing import EMBEDDED_TABLE
 from support.app_config import app_settings
+from support.runs_ahead import RunsAhead, module_items
 
 pytestmark = pytest.mark.process  # every test here reads a `flwr run` (Ray simulation)
 
@@ -126,21 +130,55 @@ def _results(result, results_root: Path) -> Path:
     return directory
 
 
+GENERIC = "generic"
+"""The run of :data:`GENERIC_CONFIG` (``generic_run``), next to the :data:`CASES`."""
+
+
+def _run_config(name: str) -> dict[str, Any]:
+    return GENERIC_CONFIG if name == GENERIC else CASES[name].run_config
+
+
+def _flower_results(flower_app: Path, name: str, results_root: Path) -> Path:
+    """The results directory of run ``name``'s ``flwr run`` (one SuperNode per client)."""
+    config = _run_config(name)
+    result = run_flower_app(flower_app, {**config, "results-dir": str(results_root)},
+                            num_supernodes=int(config["num-clients"]), timeout=600)
+    return _results(result, results_root)
+
+
+def _runs_read_by(item: pytest.Item) -> list[str]:
+    """The runs a test of this module reads (its case; the linear run through ``flower_run``; the generic run)."""
+    callspec = getattr(item, "callspec", None)
+    names = [callspec.params["case"]] if callspec is not None and "case" in callspec.params else []
+    fixtures = getattr(item, "fixturenames", ())
+    return names + ["linear"] * ("flower_run" in fixtures) + [GENERIC] * ("generic_run" in fixtures)
+
+
 @pytest.fixture(scope="module")
-def flower_runs(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Case name → results directory of its ``flwr run`` (each case run once per module, when first asked)."""
-    done: dict[str, Path] = {}
+def flower_runs(request: pytest.FixtureRequest, flower_app: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
+    """Run name (a case, or ``generic``) → results directory of its ``flwr run``.  Every run that a selected
+    test of this module reads starts when the module's first test asks, two at a time in the order the tests
+    read them (:mod:`support.runs_ahead`): each simulation is run once per module, while the tests check the
+    ones before it."""
+    ahead = RunsAhead(workers=2)
 
-    def run(case: str) -> Path:
-        if case not in done:
-            config = CASES[case].run_config
-            results_root = tmp_path_factory.mktemp(f"results-{case}")
-            result = run_flower_app(repository, {**config, "results-dir": str(results_root)},
-                                    num_supernodes=int(config["num-clients"]), timeout=600)
-            done[case] = _results(result, results_root)
-        return done[case]
+    def start(name: str) -> None:
+        if name not in ahead:
+            ahead.start(name, _flower_results, flower_app, name, tmp_path_factory.mktemp(f"results-{name}"))
 
-    return run
+    for item in module_items(request):
+        for name in _runs_read_by(item):
+            start(name)
+
+    def run(name: str) -> Path:
+        start(name)  # a run no test was known to read
+        return ahead.result(name)
+
+    try:
+        yield run
+    finally:
+        ahead.close()
 
 
 @pytest.fixture(scope="module")
@@ -284,11 +322,8 @@ GENERIC_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def generic_run(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    results_root = tmp_path_factory.mktemp("generic")
-    result = run_flower_app(repository, {**GENERIC_CONFIG, "results-dir": str(results_root)},
-                            num_supernodes=NUM_CLIENTS, timeout=600)
-    return _results(result, results_root)
+def generic_run(flower_runs: Callable[[str], Path]) -> Path:
+    return flower_runs(GENERIC)
 
 
 def test_generic_default_flower_and_simulator_agree(generic_run: Path, repository: Path) -> None:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -100,17 +100,56 @@ def _driver_entrypoints(address: str) -> list[str]:
     return [entry for entry in json.loads(listing.stdout.strip().splitlines()[-1]) if _LISTING not in entry]
 
 
+class DriverLog:
+    """The drivers that joined the cluster during a test.  A listing is a Ray driver of its own (seconds): the
+    listing that ended one test is where the next one starts, unless that test ended without one."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.seen: Optional[int] = None
+        """How many drivers the last listing showed (``None``: list again before the next test)."""
+        self.listings = 0
+        """How many times :meth:`new` listed."""
+
+    def start(self) -> None:
+        """Before a test: know how many drivers ran so far."""
+        if self.seen is None:
+            self.seen = len(_driver_entrypoints(self.address))
+
+    def new(self) -> list[str]:
+        """The entry points of the drivers that joined since the last listing."""
+        listing = _driver_entrypoints(self.address)
+        joined, self.seen = listing[self.seen or 0:], len(listing)
+        self.listings += 1
+        return joined
+
+
+@pytest.fixture(scope="module")
+def driver_log(ray_cluster: str) -> DriverLog:
+    return DriverLog(ray_cluster)
+
+
+@pytest.fixture()
+def cluster_drivers(driver_log: DriverLog) -> Iterator[DriverLog]:
+    """:class:`DriverLog` for one test: its start is listed (or known from the test before)."""
+    driver_log.start()
+    listings = driver_log.listings
+    yield driver_log
+    if driver_log.listings == listings:  # the test ended before its listing: the next one lists its start
+        driver_log.seen = None
+
+
 @pytest.mark.process
-def test_fedroute_flower_runs_on_an_existing_ray_cluster(ray_cluster: str, repository: Path, tmp_path: Path,
+def test_fedroute_flower_runs_on_an_existing_ray_cluster(ray_cluster: str, cluster_drivers: DriverLog,
+                                                         flower_app: Path, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture) -> None:
-    before = _driver_entrypoints(ray_cluster)
     overrides = [f"{key}={value}" for key, value in CONFIG.items()]
-    code = fedroute_main(["flower", "--app-dir", str(repository), "--supernodes", str(NUM_NODES),
+    code = fedroute_main(["flower", "--app-dir", str(flower_app), "--supernodes", str(NUM_NODES),
                           "--results-dir", str(tmp_path), "--timeout", "600", "--ray-address", ray_cluster,
                           "--run-config", *overrides])
     output = capsys.readouterr().out
     assert code == 0, output[-3000:]
-    new_drivers = _driver_entrypoints(ray_cluster)[len(before):]
+    new_drivers = cluster_drivers.new()
     assert any("flwr-simulation" in entry for entry in new_drivers), new_drivers
     # The results are those of the routing rules (the batched simulator of the same configuration).
     (directory,) = [path for path in tmp_path.iterdir() if path.is_dir()]
@@ -122,9 +161,8 @@ def test_fedroute_flower_runs_on_an_existing_ray_cluster(ray_cluster: str, repos
 
 
 @pytest.mark.process
-def test_a_plugin_app_runs_on_an_existing_ray_cluster(ray_cluster: str, repository: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture) -> None:
-    before = _driver_entrypoints(ray_cluster)
+def test_a_plugin_app_runs_on_an_existing_ray_cluster(ray_cluster: str, cluster_drivers: DriverLog, repository: Path,
+                                                      tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     summary_path = tmp_path / "summary.json"
     code = fedroute_main(["flower", "--app-dir", str(repository / "examples" / "digits_cnn"),
                           "--supernodes", str(NUM_NODES), "--timeout", "600", "--ray-address", ray_cluster,
@@ -132,17 +170,17 @@ def test_a_plugin_app_runs_on_an_existing_ray_cluster(ray_cluster: str, reposito
                           f"results-path={summary_path}"])
     output = capsys.readouterr().out
     assert code == 0, output[-3000:]
-    assert any("flwr-simulation" in entry for entry in _driver_entrypoints(ray_cluster)[len(before):])
+    assert any("flwr-simulation" in entry for entry in cluster_drivers.new())
     summary = json.loads(summary_path.read_text())
     assert [row["num_replies"] for row in summary["history"]] == [NUM_NODES, NUM_NODES]
 
 
 @pytest.mark.process
-def test_a_quick_sweep_on_the_cluster_equals_the_sweep_in_process(ray_cluster: str, tmp_path: Path) -> None:
-    before = _driver_entrypoints(ray_cluster)
+def test_a_quick_sweep_on_the_cluster_equals_the_sweep_in_process(ray_cluster: str, cluster_drivers: DriverLog,
+                                                                  tmp_path: Path) -> None:
     assert fedroute_main(["reproduce", "linear", "--quick", "--out", str(tmp_path / "cluster"),
                           "--ray-address", ray_cluster]) == 0
-    assert len(_driver_entrypoints(ray_cluster)) == len(before) + 1  # the sweep's driver (this process) joined
+    assert len(cluster_drivers.new()) == 1  # the sweep's driver (this process) joined
     assert fedroute_main(["reproduce", "linear", "--quick", "--out", str(tmp_path / "local")]) == 0
     tables = sorted((tmp_path / "cluster" / "linear").glob("*.parquet"))
     assert {path.name for path in tables} >= {"runs.parquet", "summary.parquet"}
