@@ -10,12 +10,7 @@ index 2, client 1 shares cluster 0 with client 0.
 One test per scenario: each runs one federation and checks every kind of
 fault of its scenario in that run (both ways a SuperNode goes away in one
 round; the SuperLink killed while the SuperNodes stay up, then a SuperNode
-restarted without its in-memory state, before the resumed run).  The two
-federations run at the same time (own FLWR_HOME, ports and state; each mostly
-waits on Flower's polls and the lost round's timeout): the server-side scenario
-starts in the background once the other test's federation is up
-(:class:`ServerSideRun`, :mod:`support.runs_ahead`), and its test checks what it
-left once it is done.
+restarted without its in-memory state, before the resumed run).
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +42,6 @@ from support.deployment import (
     wait_for,
 )
 from support.grid import SERVER_RUN_ID, builtin_grid, server_main
-from support.runs_ahead import RunsAhead, module_items
 
 pytestmark = pytest.mark.process
 
@@ -56,42 +49,6 @@ DEREGISTERED = 1
 """Client 1's SuperNode is stopped with SIGTERM (it deregisters: the SuperLink answers its message at once);
 client 2's (:data:`VICTIM`) with SIGKILL (Flower notices only when its heartbeat expires, ≤ 60 s)."""
 SIGNALS = {DEREGISTERED: signal.SIGTERM, VICTIM: signal.SIGKILL}
-
-
-class ServerSideRun:
-    """The server-side scenario's federation (:func:`_server_side_killed_and_resumed`) in a background thread:
-    started by the other test once its own federation is up, so that the two run at the same time (its test
-    starts it itself when the other did not)."""
-
-    def __init__(self, flower_app: Path, directory: Path, selected: bool) -> None:
-        self.flower_app, self.directory, self.selected = flower_app, directory, selected
-        self._ahead = RunsAhead(workers=1)
-
-    def start(self) -> None:
-        """Start the federation (once), if its test is selected."""
-        if self.selected:
-            self._ahead.start("server-side", _server_side_killed_and_resumed, self.flower_app, self.directory)
-
-    def result(self) -> tuple[Path, dict[str, Any]]:
-        """What :func:`_server_side_killed_and_resumed` returned (started now if it was not); what it raised."""
-        self.selected = True
-        self.start()
-        return self._ahead.result("server-side")
-
-    def close(self) -> None:
-        self._ahead.close()
-
-
-@pytest.fixture(scope="module")
-def server_side(request: pytest.FixtureRequest, flower_app: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerSideRun]:
-    test = test_server_side_killed_mid_run_and_restarted_gives_the_uninterrupted_result
-    run = ServerSideRun(flower_app, tmp_path_factory.mktemp("server-side"),
-                        selected=any(getattr(item, "function", None) is test for item in module_items(request)))
-    try:
-        yield run
-    finally:
-        run.close()
 
 
 def _kill_both_mid_round(federation: LocalFederation, state_dir: Path, logs: Path) -> dict[int, int]:
@@ -124,12 +81,10 @@ def _start_due_kills(federation: LocalFederation, previous: dict[int, set[int]],
     return not pending
 
 
-def test_supernodes_lost_mid_round_are_left_out_and_rejoin_with_their_state(flower_app: Path, tmp_path: Path,
-                                                                            server_side: ServerSideRun) -> None:
+def test_supernodes_lost_mid_round_are_left_out_and_rejoin_with_their_state(flower_app: Path, tmp_path: Path) -> None:
     """In one round, one SuperNode is stopped with SIGTERM and another SIGKILLed, each with its ClientApp.
     The round ends without both, their clusters' updates hold only the third client's reply; both restarted
-    nodes (same partition and state-dir, new node ids) rejoin and continue their controller state.
-    (The server-side scenario's federation runs meanwhile: ``server_side``.)"""
+    nodes (same partition and state-dir, new node ids) rejoin and continue their controller state."""
     rounds = 5
     expected = simulated_routes(rounds)
     # Premise (undisturbed run): in the round of the kill, client 2 is alone in cluster 1, client 1 in cluster 0.
@@ -139,7 +94,6 @@ def test_supernodes_lost_mid_round_are_left_out_and_rejoin_with_their_state(flow
               "results-dir": str(results_root)}
     outcome: dict[str, Any] = {}
     with LocalFederation(flower_app, NUM_NODES, state_dir=state_dir, log_dir=logs) as federation:
-        server_side.start()  # its federation starts while this one runs (not both starting at once)
         runner = threading.Thread(target=lambda: outcome.update(result=federation.run(config, timeout=600)))
         runner.start()
         try:
@@ -200,10 +154,14 @@ def _check_lost_round_and_rejoins(directory: Path, expected: np.ndarray, state_d
     assert summary["rejected_replies"] >= table.rejected.sum() >= lost.rejected
 
 
-def _server_side_killed_and_resumed(flower_app: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    """The federation of :func:`test_server_side_killed_mid_run_and_restarted_gives_the_uninterrupted_result`:
-    the SuperLink killed after the checkpoint of round 2, restarted, SuperNode 0 restarted, the run resumed;
-    every check on the way.  Returns the resumed run's results directory and the run config."""
+def test_server_side_killed_mid_run_and_restarted_gives_the_uninterrupted_result(
+        flower_app: Path, tmp_path: Path, task_identity: None) -> None:
+    """The SuperLink (with its SuperExec and the ServerApp) is SIGKILLed after a checkpoint; the SuperNodes
+    stay up.  The SuperLink is restarted (same database); then SuperNode 0 is restarted too, so that its
+    client's state comes from its state file (run config ``client-state-dir``, as in a simulation, whose
+    clients all lose their in-memory state), while the others keep theirs in memory.  Started again with
+    the same checkpoint and state directories, the run resumes from the checkpoint, and its ``routes.csv``,
+    ``rounds.csv`` (but for timings) and final models equal an uninterrupted run's."""
     rounds = 4
     logs, checkpoints = tmp_path / "logs", tmp_path / "checkpoints"
     config = {**CONFIG, "num-server-rounds": rounds, "checkpoint-dir": str(checkpoints),
@@ -227,19 +185,6 @@ def _server_side_killed_and_resumed(flower_app: Path, tmp_path: Path) -> tuple[P
         assert not first["result"].completed
     directory = results_dir(resumed, tmp_path / "resumed", logs)
     assert json.loads((directory / "summary.json").read_text())["exp3"]["resumed_from_round"] == killed_at
-    return directory, config
-
-
-def test_server_side_killed_mid_run_and_restarted_gives_the_uninterrupted_result(
-        server_side: ServerSideRun, tmp_path: Path, task_identity: None) -> None:
-    """The SuperLink (with its SuperExec and the ServerApp) is SIGKILLed after a checkpoint; the SuperNodes
-    stay up.  The SuperLink is restarted (same database); then SuperNode 0 is restarted too, so that its
-    client's state comes from its state file (run config ``client-state-dir``, as in a simulation, whose
-    clients all lose their in-memory state), while the others keep theirs in memory.  Started again with
-    the same checkpoint and state directories, the run resumes from the checkpoint, and its ``routes.csv``,
-    ``rounds.csv`` (but for timings) and final models equal an uninterrupted run's.  (The federation,
-    :func:`_server_side_killed_and_resumed`, ran in the background next to the other test's: ``server_side``.)"""
-    directory, config = server_side.result()
 
     # The uninterrupted run, in this process: the same ServerApp and ClientApp code on an in-process grid.
     whole_config = app_run_config(config, **{"checkpoint-dir": "", "client-state-dir": "",

@@ -1,9 +1,9 @@
 """Real Flower runs of a module started ahead of the tests that read them, a few at a time.
 
-Much of a Ray simulation's start-up is one process at a time (``flwr``, the local SuperLink, the
-SuperExec's 1 s polls, the ServerApp), and a deployment mostly waits (its SuperNodes and ServerApp poll
-every 3 s, a lost round waits for its timeout): one after the other they leave a core idle for much of
-their time; two at a time they share the machine.  Each run keeps its own ``FLWR_HOME``, ports
+A Ray simulation keeps about one of two cores busy (its start-up is mostly one process at a time: ``flwr``,
+the local SuperLink, the SuperExec's polls, the ServerApp), and a deployment far less (its SuperNodes and
+ServerApp poll every 3 s, and a round waits for its slowest reply or its timeout).  Run one after the other
+they leave the machine half idle; two at a time they share it.  Each run keeps its own ``FLWR_HOME``, ports
 (:func:`~fedroute.deployment.processes.free_port` is safe across threads) and private Ray.
 
 A module fixture makes a :class:`RunsAhead`, starts the runs that its selected tests read
