@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from fedroute.deployment.control_api import ControlAddress, control_client, online_nodes, run_statuses
+from fedroute.deployment.control_api import ControlAddress, ask_control, online_nodes, run_statuses
 from fedroute.deployment.flwr_config import app_config_defaults, format_run_config, resolve_run_config
 from fedroute.deployment.launcher import FlowerRun, relay_line
 from fedroute.deployment.processes import run_status, tail
@@ -93,13 +93,7 @@ class FederationControl:
 
     def online_supernodes(self) -> int:
         """SuperNodes the SuperLink lists as online (as ``flwr supernode list`` lists them)."""
-        client = control_client(self.control_address)
-        if client is None:
-            return self._online_supernodes_listed()
-        try:
-            return online_nodes(client)
-        finally:
-            client.close()
+        return ask_control(self.control_address, online_nodes, self._online_supernodes_listed)
 
     def _online_supernodes_listed(self) -> int:
         """:meth:`online_supernodes` through ``flwr supernode list``."""
@@ -124,13 +118,7 @@ class FederationControl:
 
     def runs(self) -> dict[int, str]:
         """Run id → status (as ``flwr ls`` lists them)."""
-        client = control_client(self.control_address)
-        if client is None:
-            return self._runs_listed()
-        try:
-            return run_statuses(client)
-        finally:
-            client.close()
+        return ask_control(self.control_address, run_statuses, self._runs_listed)
 
     def _runs_listed(self) -> dict[int, str]:
         """:meth:`runs` through ``flwr ls``."""

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
-__all__ = ["ControlAddress", "control_client", "run_statuses", "online_nodes"]
+__all__ = ["ControlAddress", "control_client", "ask_control", "run_statuses", "online_nodes"]
+
+Answer = TypeVar("Answer")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,18 @@ def control_client(control: ControlAddress) -> Optional[Any]:
     return ControlHttpClient.from_server_address(
         server_address=control.address, insecure=certificates is None,
         root_certificates=None if certificates is None else certificates.read_bytes(), interceptors=[])
+
+
+def ask_control(control: ControlAddress, question: Callable[[Any], Answer], fallback: Callable[[], Answer]) -> Answer:
+    """``question(client)`` on a Control API client of ``control`` (closed afterwards); ``fallback()`` (the
+    ``flwr`` command) where Flower has no such client to import."""
+    client = control_client(control)
+    if client is None:
+        return fallback()
+    try:
+        return question(client)
+    finally:
+        client.close()
 
 
 def _status_text(status: Any) -> str:

@@ -169,22 +169,20 @@ def run_status(flwr: str, run_id: int, environment: dict[str, str],
     With ``control`` (the SuperLink's Control API) the query runs in this process
     (:mod:`fedroute.deployment.control_api`), else through the ``flwr`` command.
     """
-    if control is not None:
-        from fedroute.deployment.control_api import control_client, run_statuses
+    def listed() -> str:
+        listing = subprocess.run([flwr, "ls", "--run-id", str(run_id), "--format", "json"], env=environment,
+                                 capture_output=True, text=True, timeout=60)
+        try:
+            runs = json.loads(listing.stdout).get("runs", [])
+            return str(runs[0].get("status", "unknown")) if runs else "unknown"
+        except (json.JSONDecodeError, AttributeError):
+            return "unknown"
 
-        client = control_client(control)
-        if client is not None:
-            try:
-                return run_statuses(client, run_id).get(run_id, "unknown")
-            finally:
-                client.close()
-    listing = subprocess.run([flwr, "ls", "--run-id", str(run_id), "--format", "json"], env=environment,
-                             capture_output=True, text=True, timeout=60)
-    try:
-        runs = json.loads(listing.stdout).get("runs", [])
-        return str(runs[0].get("status", "unknown")) if runs else "unknown"
-    except (json.JSONDecodeError, AttributeError):
-        return "unknown"
+    if control is None:
+        return listed()
+    from fedroute.deployment.control_api import ask_control, run_statuses
+
+    return ask_control(control, lambda client: run_statuses(client, run_id).get(run_id, "unknown"), listed)
 
 
 def _children(pid: int) -> list[int]:

@@ -162,9 +162,9 @@ def test_addresses_of_a_federation_and_of_flwr_runs_local_superlink(tmp_path: Pa
 def test_without_flowers_client_the_flwr_commands_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another Flower version without ``flwr.supercore.control``: the ``flwr ls`` / ``flwr supernode list``
     paths are taken."""
-    import fedroute.deployment.control as control_module
+    import fedroute.deployment.control_api as control_api
 
-    monkeypatch.setattr(control_module, "control_client", lambda control: None)
+    monkeypatch.setattr(control_api, "control_client", lambda control: None)
     control = object.__new__(FederationControl)
     control.port, control.certificates = 1, None
     monkeypatch.setattr(FederationControl, "_runs_listed", lambda self: {5: "running"})
