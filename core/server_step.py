@@ -249,7 +249,8 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
     if not settings.split_copies:
         return replies
     batched = np.ndim(cluster_models) == 3
-    routes, preferred = np.array(replies.routes, copy=True), np.array(replies.preferred, copy=True)
+    routed = np.asarray(replies.routes)
+    routes, preferred = routed.copy(), np.array(replies.preferred, copy=True)
     weights = np.asarray(replies.num_examples, dtype=np.float64)
     trained = np.asarray(replies.trained_models)
     for run in range(num_runs if batched else 1):
@@ -257,18 +258,18 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
         in_run = np.flatnonzero((np.asarray(replies.run_index) == run) if batched else np.ones(len(routes), bool))
         if not len(in_run):
             continue
-        steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[np.asarray(replies.routes)[in_run]], axis=1)
+        steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[routed[in_run]], axis=1)
         for pool in identical_pools(models, float(np.median(steps))):
-            rows = in_run[np.isin(np.asarray(replies.routes)[in_run], pool)]
-            updates = trained[rows].astype(np.float64) - models[np.asarray(replies.routes)[rows]]
+            rows = in_run[np.isin(routed[in_run], pool)]
+            updates = trained[rows].astype(np.float64) - models[routed[rows]]
             labels = partition(updates, len(pool), settings.split_silhouette)
             if not labels.any():
                 continue
-            target = _assigned_copies(labels, np.asarray(replies.routes)[rows], weights[rows], pool)
+            target = _assigned_copies(labels, routed[rows], weights[rows], pool)
             routes[rows] = target[labels]
             chose_pool = np.isin(preferred[rows], pool)
             preferred[rows[chose_pool]] = routes[rows[chose_pool]]
-    if np.array_equal(routes, replies.routes):
+    if np.array_equal(routes, routed):
         return replies
     return replace(replies, routes=routes, preferred=preferred)
 
