@@ -18,9 +18,15 @@ presets explore always).  After every round the server reads the federation esti
   using it).  A cluster wanted for ``collapse_patience`` rounds in a row is no longer
   spare and gets its budget back; every spare is reconsidered when clients join the
   federation (new evidence);
+* **spare on evidence** (``reseed_by_structure``) — a collapse sign nobody prefers is spare
+  at once when every cluster serves one group: for ``collapse_patience`` rounds in a row the
+  clusters' own clients were read and parted in none (:func:`read_structure`), and no cluster
+  is crowded.  When a cluster's own clients part in two readings in a row, the run's spares
+  are reconsidered (two groups share a model: a spare is where one of them can go);
 * **re-seeding** (``reseed_empty``) — a collapse sign that no client prefers at all (with
   ``reseed_unwanted``: any collapse sign, so that a few stragglers within the crowd's reach do
   not block it), or a duplicate merged into its twin, is seeded at the end of the round from
+  the cluster whose own clients part in two by direction in two readings in a row, else
   the most crowded cluster (when that one holds at least two fair shares, :func:`reseeding`):
   with a copy of its model, whose clients split at random between the two copies and train
   them apart, or — ``reseed_split`` — with one half of the crowded cluster's round, its
@@ -64,7 +70,7 @@ from numpy.typing import NDArray
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
 __all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "within_reach", "update_health", "routing_view",
-           "reseeding"]
+           "reseeding", "read_structure"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,15 @@ class ClusterHealth:
         The cluster whose model the server copied into this one after the round (``-1``: none).
     reseeds : ndarray of int, shape (R, K)
         Times the cluster was re-seeded (at most :data:`MAX_RESEEDS`; reset when clients join).
+    parted_before : ndarray of bool, shape (R, K)
+        The cluster's own replies parted in two by direction the last time they were read
+        (``reseed_by_structure``; :func:`read_structure`).
+    read_whole : ndarray of bool, shape (R, K)
+        The cluster's own replies were last read whole (a reading that did not part; a persistent parting
+        clears it, a single one leaves it).
+    apart_rounds : ndarray of int, shape (R,)
+        Consecutive rounds, with some cluster read, in which every preferred cluster is whole and none
+        parted persistently: every cluster's own clients are one group.
     """
 
     unwanted_rounds: NDArray[np.int64]
@@ -106,6 +121,9 @@ class ClusterHealth:
     settled: NDArray[np.bool_]
     reseeded_from: NDArray[np.int64]
     reseeds: NDArray[np.int64]
+    parted_before: NDArray[np.bool_]
+    read_whole: NDArray[np.bool_]
+    apart_rounds: NDArray[np.int64]
 
     @classmethod
     def initial(cls, num_runs: int, num_clusters: int) -> "ClusterHealth":
@@ -114,7 +132,10 @@ class ClusterHealth:
                    spare=np.zeros((num_runs, num_clusters), dtype=bool), known_clients=np.zeros(num_runs, np.int64),
                    twin=np.full((num_runs, num_clusters), -1, dtype=np.int64), twin_rounds=zeros.copy(),
                    calm_rounds=np.zeros(num_runs, np.int64), settled=np.zeros(num_runs, dtype=bool),
-                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy())
+                   reseeded_from=np.full((num_runs, num_clusters), -1, dtype=np.int64), reseeds=zeros.copy(),
+                   parted_before=np.zeros((num_runs, num_clusters), dtype=bool),
+                   read_whole=np.zeros((num_runs, num_clusters), dtype=bool),
+                   apart_rounds=np.zeros(num_runs, np.int64))
 
 
 @dataclass(frozen=True)
@@ -248,7 +269,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                   reporting: Optional[NDArray[np.int64]] = None,
                   reach: Optional[NDArray[np.bool_]] = None,
                   previous_preferred: Optional[NDArray[np.float64]] = None,
-                  structured: Optional[Callable[[int], NDArray[np.bool_]]] = None
+                  structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]] = None
                   ) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
@@ -272,8 +293,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
         ``p̂`` of the round before (the previous federation estimate's; ``None`` before any): with
         ``calm_when_stable`` routes are *stable* when ``p̂`` is unchanged from it.
     structured : callable, optional
-        ``structured(run) -> (K,) bool``: the clusters whose replies of the round part in two by direction
-        (``reseed_by_structure``); a re-seed takes its source among them first (:func:`reseeding`).
+        ``structured(run) -> (evaluated, parted)``, each ``(K,) bool``: the clusters whose own replies of the
+        round could be read, and those that part in two by direction (``reseed_by_structure``;
+        :func:`read_structure`).  ``None``: no structure evidence.
 
     Returns
     -------
@@ -292,11 +314,17 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     wanted = np.where(unwanted, 0, health.wanted_rounds + 1)
     sign = streak >= settings.collapse_patience
     recovered = wanted >= settings.collapse_patience                     # wanted long enough: budget refilled
-    still_spare = health.spare & ~recovered & ~joined                     # or clients joined: reconsidered
+    persistent, parted_before, read_whole, apart_rounds = read_structure(
+        health, structured, sign.any(axis=1) | health.spare.any(axis=1), preferred_masses)
+    shared = persistent.any(axis=1, keepdims=True)                       # two groups on one cluster, seen twice
+    still_spare = health.spare & ~recovered & ~joined & ~shared          # or new evidence: reconsidered
     explored = routing_view(health, settings).explore[:, None]           # this round ran exploration
     budget = np.where(recovered | joined, 0,
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
-    spare = still_spare | merged | (unwanted & (budget >= settings.spare_patience))
+    uncrowded = ~(preferred_masses >= CROWDED_SHARES / preferred_masses.shape[1] - INCLUSIVE_SLACK).any(axis=1)
+    apart = ((apart_rounds >= settings.collapse_patience) & uncrowded)[:, None]   # every cluster serves one group
+    spare = (still_spare | merged | (unwanted & (budget >= settings.spare_patience))
+             | (sign & (preferred_masses <= 0.0) & apart))
     quiet = ~(unwanted & ~spare).any(axis=1)
     if settings.calm_when_stable:                                        # stable, healthy routes are calm too
         stable = (np.zeros(len(preferred_masses), dtype=bool) if previous_preferred is None else
@@ -307,14 +335,17 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     reseeds = np.where(joined, 0, health.reseeds)
     vacant = np.ones_like(sign) if settings.reseed_unwanted else preferred_masses <= 0.0
     targets = ((sign & vacant & ~spare) | merged) & (reseeds < MAX_RESEEDS)
-    source = reseeding(preferred_masses, targets, settings, structured)
+    source = reseeding(preferred_masses, targets, settings, None if structured is None else persistent)
     fresh = source >= 0                                                  # a new model: fresh evidence about it
+    renewed = fresh | np.any(source[:, :, None] == np.arange(source.shape[1])[None, None, :], axis=1)
     updated = ClusterHealth(unwanted_rounds=np.where(fresh, 0, streak), wanted_rounds=wanted,
                             exploring_rounds=budget, spare=spare & ~fresh,
                             known_clients=np.maximum(known_clients, health.known_clients),
                             twin=np.where(fresh, -1, twins), twin_rounds=np.where(fresh, 0, twin_rounds),
                             calm_rounds=calm, settled=health.settled | (calm >= settings.collapse_patience),
-                            reseeded_from=source, reseeds=reseeds + fresh)
+                            reseeded_from=source, reseeds=reseeds + fresh,
+                            parted_before=parted_before & ~renewed, read_whole=read_whole & ~renewed,
+                            apart_rounds=apart_rounds)
     if reporting is not None and np.any(silent := np.asarray(reporting) == 0):
         updated = ClusterHealth(**{name: np.where(silent.reshape((-1,) + (1,) * (value.ndim - 1)),
                                                   getattr(health, name), value)
@@ -324,12 +355,14 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
 
 
 def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings,
-              structured: Optional[Callable[[int], NDArray[np.bool_]]] = None) -> NDArray[np.int64]:
+              structured: Optional[NDArray[np.bool_]] = None) -> NDArray[np.int64]:
     """Per run and cluster, the cluster whose model to copy into it (``-1``: none): ``reseed_empty``.
 
     A target — a collapse sign that no client prefers at all (``p̂_s = 0``; any collapse sign with
     ``reseed_unwanted``: a collapse sign's few clients find the crowded model within reach), or a
-    duplicate merged into its twin (its clients have the twin) — is seeded from the most *crowded*
+    duplicate merged into its twin (its clients have the twin) — is seeded from the most preferred
+    cluster whose own clients part in two by direction in two readings in a row (``structured``, its
+    two parts: :func:`read_structure`), else from the most *crowded*
     cluster (a copy of its model, or with ``reseed_split`` one half of its round, the server step's
     :func:`fedroute.core.split.split_models`):
     one that holds at least two fair shares (``p̂_c ≥ 2/K``, more clients than one group of a
@@ -347,7 +380,7 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
     if not settings.reseed_empty or settings.tie_breaking != "random":
         return source
     for run in np.flatnonzero(targets.any(axis=1)):
-        origin = _reseed_source(preferred_masses[run], targets[run], None if structured is None else structured(run))
+        origin = _reseed_source(preferred_masses[run], targets[run], None if structured is None else structured[run])
         if origin < 0:
             continue
         candidates = np.flatnonzero(targets[run] & (np.arange(num_clusters) != origin))
@@ -359,12 +392,55 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
 def _reseed_source(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
                    structured: Optional[NDArray[np.bool_]]) -> int:
     """The cluster a run's re-seed copies or splits (``-1``: none): among the clusters that are not targets, the
-    most preferred one whose replies part in two by direction, else the most crowded one if it holds at least two
-    fair shares."""
+    most preferred one whose own replies part in two by direction (seen twice: ``structured``), else the most
+    crowded one if it holds at least two fair shares."""
     if structured is not None and np.any(eligible := structured & ~targets):
         return int(np.flatnonzero(eligible)[np.argmax(preferred_masses[eligible])])
     crowded = int(preferred_masses.argmax())
-    return crowded if preferred_masses[crowded] >= 2.0 / len(preferred_masses) - INCLUSIVE_SLACK else -1
+    return crowded if preferred_masses[crowded] >= CROWDED_SHARES / len(preferred_masses) - INCLUSIVE_SLACK else -1
+
+
+CROWDED_SHARES = 2.0
+"""A cluster preferred by at least this many fair shares (``p̂_c ≥ 2/K``) is *crowded*: more clients than one group
+of a federation with ``K`` groups has on average."""
+
+
+def read_structure(health: ClusterHealth, structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]],
+                   reading: NDArray[np.bool_], preferred_masses: NDArray[np.float64]
+                   ) -> tuple[NDArray[np.bool_], NDArray[np.bool_], NDArray[np.bool_], NDArray[np.int64]]:
+    """The round's structure evidence: ``(persistent, parted_before, read_whole, apart_rounds)`` (``reseed_by_structure``).
+
+    A cluster's *own* clients (those that prefer it) whose updates part in two by direction are two groups
+    sharing its model.  One round's parting can be chance — a cluster's few clients of one group part now and
+    then by noise (about 1 % of the readings on the development runs) — but groups that share a model part in
+    every round they are read, so a parting counts when it is seen in two readings of the cluster in a row
+    (*persistent*).  The structure is read only in runs that need it (``reading``: a collapse sign or a spare),
+    each cluster where it had enough own replies (``structured(run)``).  A reading that does not part makes the
+    cluster *whole*, a persistent parting not whole; a single parting leaves it as it was (chance, until seen
+    again).  ``apart_rounds`` counts the rounds with a reading in which every cluster some client prefers is
+    whole (every cluster serves one group); a persistent parting, or a preferred cluster not yet read whole,
+    resets it — under partial participation a cluster is read only in rounds that sample enough of its
+    clients, and until it is, nothing is known of it.
+
+    Returns
+    -------
+    persistent : ndarray of bool, shape (R, K)
+        Parted in this reading and the one before.
+    parted_before, read_whole : ndarray of bool, shape (R, K)
+        The latest reading of each cluster: parted / whole (both kept where it was not read).
+    apart_rounds : ndarray of int, shape (R,)
+    """
+    evaluated = np.zeros(health.parted_before.shape, dtype=bool)
+    parted = np.zeros(health.parted_before.shape, dtype=bool)
+    if structured is not None:
+        for run in np.flatnonzero(reading):
+            evaluated[run], parted[run] = structured(int(run))
+    persistent = parted & health.parted_before
+    read_whole = np.where(evaluated & ~parted, True, np.where(persistent, False, health.read_whole))
+    covered = np.all(read_whole | (preferred_masses <= 0.0), axis=1)
+    apart_rounds = np.where(persistent.any(axis=1) | ~covered, 0,
+                            np.where(evaluated.any(axis=1), health.apart_rounds + 1, health.apart_rounds))
+    return persistent, np.where(evaluated, parted, health.parted_before), read_whole, apart_rounds
 
 
 MAX_RESEEDS = 2

@@ -105,7 +105,8 @@ class ServerState:
             if stored is None:
                 return None
             return kind(**{name: np.asarray(stored[name], dtype=_DTYPES[name]) for name in kind.__dataclass_fields__})
-        federation, health = arrays(FederationState, values["federation"]), arrays(ClusterHealth, values["health"])
+        federation, health = arrays(FederationState, values["federation"]), arrays(ClusterHealth, _with_structure(
+            values["health"]))
         if federation.losses.ndim != 2:                                   # no client yet: (0,) → (0, K)
             federation = replace(federation, losses=federation.losses.reshape(len(federation.client_ids),
                                                                              health.spare.shape[1]))
@@ -113,12 +114,22 @@ class ServerState:
                    health=health, view=arrays(RoutingView, values["view"]))
 
 
+def _with_structure(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
+    """A stored health state with the structure evidence added when it predates it (no evidence yet)."""
+    if stored is None or "parted_before" in stored:
+        return stored
+    spare = np.asarray(stored["spare"], dtype=bool)
+    return {**stored, "parted_before": np.zeros_like(spare).tolist(), "read_whole": np.zeros_like(spare).tolist(),
+            "apart_rounds": [0] * len(spare)}
+
+
 _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64, "route": np.int64,
            "preferred": np.int64, "num_examples": np.float64, "losses": np.float64, "masses": np.float64,
            "preferred_masses": np.float64, "reporting": np.int64, "unwanted_rounds": np.int64, "wanted_rounds": np.int64,
            "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
-           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64}
+           "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
+           "read_whole": bool, "apart_rounds": np.int64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -198,7 +209,7 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
                                      None if state.estimate is None else state.estimate.preferred_masses,
-                                     structure.structured if settings.reseed_by_structure else None)
+                                     structure.structure if settings.reseed_by_structure else None)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
 
@@ -207,16 +218,28 @@ def identical_pools(models: NDArray[np.floating], within: float = 0.0) -> list[l
     """The clusters of one run whose models ``(K, P)`` are copies of each other, as lists of two or more indices.
 
     Two models are copies when they are equal, or (``within > 0``) closer than ``within`` in L2 norm; the
-    pools are the connected groups of that relation (single linkage), each in index order.
+    pools are the connected groups of that relation (single linkage), each in index order.  The distances
+    come from one Gram matrix (``‖a − b‖² = ‖a‖² + ‖b‖² − 2 a·b``, accurate far below any update's norm);
+    equality is checked exactly.
     """
+    models = np.asarray(models)
     num_clusters = len(models)
+    flat = models.reshape(num_clusters, -1)
+    copies = np.zeros((num_clusters, num_clusters), dtype=bool)
+    first: dict[bytes, int] = {}
+    for cluster in range(num_clusters):                                  # exact copies: equal bytes
+        twin = first.setdefault(np.ascontiguousarray(flat[cluster]).tobytes(), cluster)
+        copies[cluster, twin] = copies[twin, cluster] = twin != cluster
+    if within > 0 and num_clusters > 1:
+        vectors = flat.astype(np.float64)
+        gram = vectors @ vectors.T
+        squares = np.diag(gram)
+        copies |= np.maximum(squares[:, None] + squares[None, :] - 2.0 * gram, 0.0) < within ** 2
+    np.fill_diagonal(copies, False)
     parent = list(range(num_clusters))
-    for j in range(num_clusters):
-        for k in range(j + 1, num_clusters):
-            if np.array_equal(models[j], models[k]) or (within > 0 and float(np.linalg.norm(
-                    np.asarray(models[j], dtype=np.float64) - np.asarray(models[k], dtype=np.float64))) < within):
-                root_j, root_k = _root(parent, j), _root(parent, k)
-                parent[max(root_j, root_k)] = min(root_j, root_k)
+    for j, k in zip(*np.nonzero(np.triu(copies))):
+        root_j, root_k = _root(parent, int(j)), _root(parent, int(k))
+        parent[max(root_j, root_k)] = min(root_j, root_k)
     pools: dict[int, list[int]] = {}
     for cluster in range(num_clusters):
         pools.setdefault(_root(parent, cluster), []).append(cluster)
@@ -301,12 +324,18 @@ def evidence_settings(settings: RoutingSettings, participation: Participation) -
 
 
 class _RoundStructure:
-    """The round's evidence of groups inside a cluster: its kept replies' update directions (computed on demand).
+    """The round's evidence of groups inside a cluster: its own clients' update directions (computed on demand).
 
-    ``structured(run)`` says, per cluster, whether its kept replies of the round part in two by direction
-    (:func:`fedroute.core.split.partition` at ``split_silhouette``; at least three replies); ``halves(run,
-    source)`` aggregates the two sides of a re-seed's source — those parts where there is structure, the
-    unconditional bisection of ``reseed_split`` otherwise — or gives ``None`` (a copy).
+    A cluster's *own* replies are the kept replies of the clients that prefer it and were routed to it: the
+    clients a Greedy federation gives it.  Replies routed to it by exploration (Rank Hedge) mix groups by
+    design, so they would show "groups inside the cluster" in a federation that is already separated; its
+    own clients part only where groups share its model.  ``structure(run)`` gives, per cluster, whether it
+    was *evaluated* (at least :data:`MIN_STRUCTURE_REPLIES` own replies) and whether those *part in two*
+    by direction (:func:`fedroute.core.split.partition` at ``split_silhouette``, each side at least
+    :data:`MIN_SIDE_REPLIES` replies: one client whose update points elsewhere is not a group);
+    ``halves(run, source)`` aggregates the two sides of a re-seed's source — its own replies' sides where
+    they part, the unconditional bisection of all its replies with ``reseed_split`` otherwise — or gives
+    ``None`` (a copy).
     """
 
     def __init__(self, cluster_models: NDArray[np.floating], replies: RoundReplies, kept: NDArray[np.bool_],
@@ -316,8 +345,10 @@ class _RoundStructure:
         self.batched = np.ndim(cluster_models) == 3
         self._sides: dict[tuple[int, int], Optional[NDArray[np.bool_]]] = {}
 
-    def _rows(self, run: int, cluster: int) -> NDArray[np.int64]:
+    def _rows(self, run: int, cluster: int, own: bool) -> NDArray[np.int64]:
         rows = self.kept & (np.asarray(self.replies.routes) == cluster)
+        if own:
+            rows &= np.asarray(self.replies.preferred) == cluster
         if self.batched:
             rows &= np.asarray(self.replies.run_index) == run
         return np.flatnonzero(rows)
@@ -326,27 +357,39 @@ class _RoundStructure:
         return self.cluster_models[run, cluster] if self.batched else self.cluster_models[cluster]
 
     def sides(self, run: int, cluster: int) -> Optional[NDArray[np.bool_]]:
-        """The two sides of the cluster's kept replies where their directions part in two, else ``None``."""
+        """The two sides of the cluster's own replies where their directions part in two, else ``None``."""
         key = (run, cluster)
         if key not in self._sides:
-            rows = self._rows(run, cluster)
+            rows = self._rows(run, cluster, own=True)
             updates = np.asarray(self.replies.trained_models)[rows].astype(np.float64) - self._start(run, cluster)
-            labels = partition(updates, 2, self.settings.split_silhouette)
-            self._sides[key] = labels.astype(bool) if labels.any() else None
+            side = partition(updates, 2, self.settings.split_silhouette).astype(bool)
+            self._sides[key] = side if min(side.sum(), (~side).sum()) >= MIN_SIDE_REPLIES else None
         return self._sides[key]
 
-    def structured(self, run: int) -> NDArray[np.bool_]:
-        """Per cluster of ``run``, shape (K,): its kept replies of the round part in two by direction."""
-        return np.array([self.sides(run, cluster) is not None for cluster in range(np.shape(self.cluster_models)[-2])])
+    def structure(self, run: int) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+        """Per cluster of ``run``, shape (K,) each: evaluated (enough own replies) and parted in two."""
+        num_clusters = np.shape(self.cluster_models)[-2]
+        evaluated = np.array([len(self._rows(run, cluster, own=True)) >= MIN_STRUCTURE_REPLIES
+                              for cluster in range(num_clusters)])
+        parted = np.array([bool(evaluated[cluster]) and self.sides(run, cluster) is not None
+                           for cluster in range(num_clusters)])
+        return evaluated, parted
 
     def halves(self, run: int, source: int) -> Optional[tuple[NDArray[np.floating], NDArray[np.floating]]]:
         """``(kept half, re-seeded half)`` of a re-seed's source, or ``None`` for a copy."""
         side = self.sides(run, source) if self.settings.reseed_by_structure else None
         if side is None and not self.settings.reseed_split:
             return None
-        rows = self._rows(run, source)
+        rows = self._rows(run, source, own=side is not None)
         return split_models(self._start(run, source), np.asarray(self.replies.trained_models)[rows],
                             np.asarray(self.replies.num_examples)[rows], self.influence, side)
+
+
+MIN_STRUCTURE_REPLIES = 3
+"""Own replies a cluster needs in a round for its structure to be read (two directions always part in two)."""
+
+MIN_SIDE_REPLIES = 2
+"""Replies on each side of a structure: a group is seen when at least two of its clients agree."""
 
 
 def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], structure: _RoundStructure) -> RoundAggregate:

@@ -19,9 +19,10 @@ kind                      raised when … / cleared when …
                           ``INFO`` when clients break ties at random: identical copies
                           of a warm start split their clients and separate as they train)
 ``spare``                 (``INFO``) the server found a cluster not needed — no client's
-                          best model through its exploration budget, or a duplicate
-                          merged into its twin (:mod:`fedroute.core.health`) / it is
-                          needed again; a spare cluster raises no starvation warning
+                          best model while every other cluster serves one group, or
+                          through its exploration budget, or a duplicate merged into
+                          its twin (:mod:`fedroute.core.health`) / it is needed again;
+                          a spare cluster raises no starvation warning
 ``recovery``              (an ``INFO`` event) after collapsed entrance or starvation, every
                           cluster they named has been routed again and none is active
 ``dead-federation``       (``ERROR``) no valid reply for ``N`` rounds in a row, or in any
@@ -362,9 +363,10 @@ class AlarmMonitor:
         for k in range(self.num_clusters):
             if spare[k] and k not in current:
                 message = (f"spare: cluster {k} is not needed at round t={round_index} (no client's best model "
-                           "through its exploration budget, or a duplicate of another cluster merged into it); it "
-                           "no longer triggers exploration and raises no starvation warning, and is reconsidered "
-                           "when it is some client's best model again or clients join")
+                           "while every other cluster serves one group of clients, or through its exploration "
+                           "budget, or a duplicate of another cluster merged into it); it no longer triggers "
+                           "exploration and raises no starvation warning, and is reconsidered when it is some "
+                           "client's best model again, when two groups show up on one cluster, or when clients join")
                 events.append(self._raise(round_index, SPARE, [k], message, logging.INFO))
             elif not spare[k] and k in current:
                 events.append(self._clear(current[k], round_index, f"cluster {k} is needed again at round "
