@@ -35,7 +35,8 @@ Two workloads, each client the same local training on both sides (SGD, momentum 
 
 * ``digits``: the example app's clients and CNN (``examples/digits_cnn``: 96 training
   images 8×8, 38 k parameters, batch 16);
-* ``cifar-like``: images 3×32×32 (random pixels and labels: only the arithmetic counts),
+* ``cifar-like``: images 3×32×32 (a random template per class plus uniform noise, the classes permuted per
+  client: learnable, so that ``--separated`` starts each client on its own model; the arithmetic is a CIFAR one),
   250 training images per client, :class:`~fedroute.data.models.SmallCNN` (136 k
   parameters), batch 32 — the shape of Flower's quickstart-pytorch (CIFAR-10), smaller.
 
@@ -70,24 +71,34 @@ TABLE_BEGIN, TABLE_END = "<!-- batched-losses-table:begin -->", "<!-- batched-lo
 class Workload:
     """Clients' data, the model and the local training of one workload."""
 
-    def __init__(self, name: str, num_clients: int, epochs: int) -> None:
+    def __init__(self, name: str, num_clients: int, epochs: int, data_clients: int = 0) -> None:
         import torch
 
         self.name, self.num_clients, self.epochs = name, num_clients, epochs
+        self._pretrained: dict[int, Any] = {}
+        data_clients = max(num_clients, data_clients)
         if name == "digits":
             sys.path.insert(0, str(REPOSITORY / "examples" / "digits_cnn"))
             from digits_app.task import DigitsCNN, client_data
 
             self.make_model = DigitsCNN
-            self.data = [(client_data(i).train.images, client_data(i).train.labels) for i in range(num_clients)]
+            self.data = [(client_data(i).train.images, client_data(i).train.labels) for i in range(data_clients)]
             self.batch_size, self.learning_rate = 16, 0.1
         elif name == "cifar-like":
             from fedroute.data.models import SmallCNN
 
             self.make_model = lambda: SmallCNN((3, 32, 32), 10)
             generator = torch.Generator().manual_seed(0)
-            self.data = [(torch.rand(250, 3, 32, 32, generator=generator),
-                          torch.randint(0, 10, (250,), generator=generator)) for _ in range(num_clients)]
+            templates = torch.rand(10, 3, 32, 32, generator=generator)
+
+            def client(index: int) -> tuple[Any, Any]:
+                # a class template plus noise, the classes permuted per client (each its own group): learnable
+                labels = torch.randint(0, 10, (250,), generator=generator)
+                permutation = torch.randperm(10, generator=torch.Generator().manual_seed(1000 + index))
+                noise = torch.rand(250, 3, 32, 32, generator=generator)
+                return 0.5 * templates[permutation[labels]] + 0.5 * noise, labels
+
+            self.data = [client(i) for i in range(data_clients)]
             self.batch_size, self.learning_rate = 32, 0.01
         else:
             raise ValueError(f"workload {name!r} is unknown; allowed: 'digits', 'cifar-like'")
@@ -97,6 +108,21 @@ class Workload:
 
         torch.manual_seed(seed)
         return self.make_model()
+
+    def start(self, k: int, separated: bool) -> Any:
+        """Cluster ``k``'s start: a fresh model, or (``separated``) one trained on client ``k``'s data alone for
+        :data:`SEPARATING_ROUNDS` × ``epochs`` epochs — each measured client's own model far better for it than the
+        others, as in a federation whose groups have separated (built once per workload)."""
+        if not separated:
+            return self.model(k)
+        if k not in self._pretrained:
+            model = self.model(k)
+            for round_index in range(SEPARATING_ROUNDS):
+                self.train(model, k, round_index)
+            self._pretrained[k] = model.state_dict()
+        model = self.make_model()
+        model.load_state_dict(self._pretrained[k])
+        return model
 
     def train(self, model: Any, client: int, seed: int) -> float:
         import torch
@@ -115,6 +141,10 @@ class Workload:
                 optimizer.step()
                 total += float(loss.detach()) * len(batch)
         return total / len(labels)
+
+
+SEPARATING_ROUNDS = 3
+"""``--separated``: rounds of local training that make cluster ``k``'s start client ``k``'s own model."""
 
 
 # ----------------------------------------------------------------------------------------- the grid
@@ -162,9 +192,10 @@ def _user_loss(images: Any, labels: Any) -> Callable[[Any], float]:
 KINDS = ("user", "loop", "batched")
 """The routing configurations on every row: the user's ``loss_fn``, ``DataLoss`` looped, ``DataLoss`` batched."""
 
-KIND_CHOICES = (*KINDS, "loaded", "fixed")
-"""``--kinds`` may also name ``loaded`` (``DataLoss`` behind a plain function: each model loaded, then scored) and
-``fixed`` (``DataLoss(batch_bytes=None)``: batches of 128 rows, whatever their activations' bytes)."""
+KIND_CHOICES = (*KINDS, "loaded", "fixed", "early")
+"""``--kinds`` may also name ``loaded`` (``DataLoss`` behind a plain function: each model loaded, then scored),
+``fixed`` (``DataLoss(batch_bytes=None)``: batches of 128 rows, whatever their activations' bytes) and ``early``
+(``DataLoss(early_stop=True)``: each model scored until it is decided worse than the leader)."""
 
 ROWS_PREFIX = "rows-"
 """Configuration ``rows-m``: the looped ``DataLoss`` with ``max_rows = m``."""
@@ -181,6 +212,8 @@ def _routing_loss(workload: Workload, kind: str, client: int) -> Callable[[Any],
         return lambda model: loss(model)  # a plain function: no each(), the client loads every model
     if kind == "fixed":
         return DataLoss(*workload.data[client], client_id=client, batch_bytes=None)
+    if kind == "early":
+        return DataLoss(*workload.data[client], client_id=client, early_stop=True)
     max_rows = int(kind[len(ROWS_PREFIX):]) if kind.startswith(ROWS_PREFIX) else None
     return DataLoss(*workload.data[client], max_rows=max_rows, client_id=client)
 
@@ -201,7 +234,8 @@ def _routing_handler(workload: Workload, kind: str) -> Callable[..., Any]:
     return handle
 
 
-def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int, rounds: int) -> float:
+def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int, rounds: int,
+                      separated: bool = False) -> float:
     """Mean CPU seconds (this thread: handlers + strategy) per round after a warm-up round."""
     from flwr.serverapp.strategy import FedAvg
 
@@ -217,7 +251,7 @@ def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int,
     else:
         strategy = ClusteredRouting(method_settings(EXP3, num_clusters=num_clusters), fraction_train=1.0,
                                     min_available_nodes=n, min_train_nodes=n, evaluate_at_end=False)
-        initial = cluster_models_from_torch([workload.model(k) for k in range(num_clusters)])
+        initial = cluster_models_from_torch([workload.start(k, separated) for k in range(num_clusters)])
         grid = LocalGrid(n, _routing_handler(workload, strategy_name))
     marks: list[float] = []
     original = grid.send_and_receive
@@ -237,9 +271,10 @@ def measure_round_cpu(workload: Workload, strategy_name: str, num_clusters: int,
 
 def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: int,
         num_clients: int, rows: Iterable[int] = (), kinds: Iterable[str] = KINDS,
-        paired: bool = False) -> dict[str, list[dict[str, Any]]]:
+        paired: bool = False, separated: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Every configuration ``repeat`` times, interleaved; ``paired``: a FedAvg run right before each one (its ratio's
-    baseline), else one FedAvg run per repeat for all."""
+    baseline), else one FedAvg run per repeat for all; ``separated``: the clusters start as the clients' own models
+    (:meth:`Workload.start`)."""
     import torch
 
     torch.set_num_threads(1)
@@ -257,7 +292,7 @@ def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: i
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
     results: dict[str, list[dict[str, Any]]] = {}
     for name in workloads:
-        workload = Workload(name, num_clients, epochs)
+        workload = Workload(name, num_clients, epochs, max(ks) if separated else 0)
         kinds_here = [*kinds, *(f"{ROWS_PREFIX}{m}" for m in rows)]
         configurations = [(FEDAVG, 1)] + [(kind, k) for k in ks for kind in kinds_here]
         samples: dict[tuple[str, int], list[float]] = {c: [] for c in configurations}
@@ -269,7 +304,7 @@ def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: i
                 if paired and index:
                     baseline = measure_round_cpu(workload, FEDAVG, 1, rounds)
                     samples[(FEDAVG, 1)].append(baseline)
-                value = measure_round_cpu(workload, configuration[0], configuration[1], rounds)
+                value = measure_round_cpu(workload, configuration[0], configuration[1], rounds, separated)
                 samples[configuration].append(value)
                 ratios[configuration].append(value / baseline)
         results[name] = [{"kind": kind, "k": k, "seconds": statistics.fmean(samples[(kind, k)]),
@@ -286,20 +321,25 @@ def _label(kind: str) -> str:
             "loop": "DataLoss looped (DataLoss.each: batches of ≤ 128 rows and ≤ 2 MiB activations, channels-last)",
             "fixed": "DataLoss looped in fixed batches of 128 rows (batch_bytes=None: before)",
             "loaded": "DataLoss loaded per model (load_state_dict, then the loop)",
-            "batched": "DataLoss batched (torch.func.vmap)"}[kind]
+            "batched": "DataLoss batched (torch.func.vmap)",
+            "early": "DataLoss looped, early stop (early_stop=True: each model until decided worse)"}[kind]
 
 
 def table(results: dict[str, list[dict[str, Any]]], epochs: int, rounds: int, repeat: int,
           num_clients: int, subsamples: Iterable[int] = (), kinds: Iterable[str] = KINDS,
-          start_load: Optional[float] = None, paired: bool = False) -> str:
+          start_load: Optional[float] = None, paired: bool = False, separated: bool = False) -> str:
     import os
 
     subsamples = list(subsamples)
-    options = f"--epochs {epochs} --rounds {rounds} --repeat {repeat} --rows {' '.join(map(str, subsamples))}".strip()
+    ks = sorted({row["k"] for rows in results.values() for row in rows if row["kind"] != FEDAVG})
+    options = (f"--workloads {' '.join(results)} --ks {' '.join(map(str, ks))} --epochs {epochs} --rounds {rounds} "
+               f"--repeat {repeat} --rows {' '.join(map(str, subsamples))}").strip()
     if tuple(kinds) != KINDS:
         options += f" --kinds {' '.join(kinds)}"
     if paired:
         options += " --paired"
+    if separated:
+        options += " --separated"
     load = f"{os.getloadavg()[0]:.1f}" if start_load is None else f"{start_load:.1f} → {os.getloadavg()[0]:.1f}"
     lines = [f"**Batched K-model losses: CPU time of one round, {num_clients} clients, {epochs} local epochs** "
              f"(`python bench/bench_batched_losses.py {options.strip()}`; "
@@ -340,15 +380,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--paired", action="store_true",
                         help="a FedAvg run right before every configuration, each ratio against it (on a busy machine "
                              "the pairs are closer in time; twice the FedAvg runs)")
+    parser.add_argument("--separated", action="store_true",
+                        help="start cluster k as client k's own model (trained on its data alone): the clients' K "
+                             "models separated, as after a recovery (what early_stop saves on)")
     parser.add_argument("--docs", type=Path, default=None, help="write the tables between the markers of this file")
     args = parser.parse_args(argv)
     import os
 
     start_load = os.getloadavg()[0]
     results = run(args.workloads, args.ks, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds,
-                  args.paired)
+                  args.paired, args.separated)
     text = table(results, args.epochs, args.rounds, args.repeat, args.clients, args.rows, args.kinds, start_load,
-                 args.paired)
+                 args.paired, args.separated)
     print(text)
     if args.docs is not None:
         write_docs(args.docs, text)

@@ -51,6 +51,20 @@ the same sums in other batches (float32 rounding, ``rtol = 1e-5``).
 ``(seed, client_id, 0, Purpose.LOSS_ROWS)`` (:mod:`fedroute.core.randomness`),
 the same rows for all ``K`` models and every round, kept in their order.  The
 ``K`` passes then cost ``max_rows / n`` of the full ones.
+
+``early_stop=True`` scores the models in growing prefixes of the rows instead (a fixed random order per
+client; :data:`EARLY_STOP_ROWS` = 32, then 64, 128, … rows) and stops scoring a model once the paired
+per-row differences show it worse than the leader (the lowest mean so far) beyond doubt: the mean
+difference above :data:`EARLY_STOP_Z` = 3 standard errors.  The leader is scored on every row until it is
+the only model left open; a model stopped early reports its mean over the rows it was scored on (an
+unbiased estimate: the rows are a random prefix).  Identical models are scored once.  Where the ``K``
+models are separated — each client's own model far better than the others — the passes stop after the
+first 32 rows; models the rows scored so far cannot tell apart are scored on more rows, up to all of them
+(identical outputs: every row, as without it).  The routing decision (the lowest loss) is the full pass's
+unless a model ``3σ`` worse on the prefix is better on all rows; the
+losses of the models stopped early are estimates, which the server's rules read as ratios
+(``within_reach``, duplicates: factors of 2, far above a prefix's error).  It needs per-row losses: the
+default criterion (cross-entropy) gives them, any other needs ``row_criterion``.
 """
 
 from __future__ import annotations
@@ -70,7 +84,8 @@ from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
 __all__ = ["DataLoss", "loss_rows", "stacked_state", "stacked_outputs", "model_states", "each_or_none",
-           "batched_or_none", "row_bytes", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL", "BATCH_BYTES"]
+           "batched_or_none", "row_bytes", "open_models", "FALLBACK_ERRORS", "LOSS_RTOL", "LOSS_ATOL", "BATCH_BYTES",
+           "EARLY_STOP_ROWS", "EARLY_STOP_Z"]
 
 logger = logging.getLogger("fedroute")
 
@@ -84,6 +99,13 @@ loop."""
 
 Layout = Sequence[tuple[str, tuple[int, ...], torch.dtype]]
 """``(name, shape, dtype)`` of every ``state_dict`` entry, in order."""
+
+EARLY_STOP_ROWS = 32
+"""``DataLoss(early_stop=True)``: the rows of the first prefix; each next prefix doubles it."""
+
+EARLY_STOP_Z = 3.0
+"""``DataLoss(early_stop=True)``: a model is stopped once its mean per-row excess over the leader's loss exceeds
+this many standard errors (one-sided ≈ 0.13 % per comparison of two models equal on all rows)."""
 
 BATCH_BYTES = 2 * 2 ** 20
 """``DataLoss(batch_bytes="auto")`` on the CPU: the largest intermediate tensor of one forward pass at most
@@ -290,6 +312,14 @@ class DataLoss:
         CPU, no cap on other devices; ``None``: ``batch_size`` rows always.  Large activations are
         page-faulted in again on every pass on the CPU (module docstring); the losses are the same sums in
         other batches (float32 rounding).
+    early_stop : bool, default False
+        In :meth:`each`, stop scoring a model once it is worse than the leader beyond doubt (module
+        docstring): the ``K`` passes cost about ``32 / n`` of the full ones where the models are separated.
+        The rows are then scored in a fixed random order (``generator(seed, client_id, 1,
+        Purpose.LOSS_ROWS)``).
+    row_criterion : callable, optional
+        ``row_criterion(outputs, targets) -> per-row losses`` for ``early_stop`` (default: cross-entropy
+        without reduction when ``criterion`` is the default; required with another ``criterion``).
 
     Attributes
     ----------
@@ -309,7 +339,8 @@ class DataLoss:
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
                  batch_size: int = 128, device: Optional[Any] = None, channels_last: bool | str = "auto",
                  max_rows: Optional[int] = None, seed: int = 0, client_id: int = 0,
-                 batch_bytes: Union[int, str, None] = "auto") -> None:
+                 batch_bytes: Union[int, str, None] = "auto", early_stop: bool = False,
+                 row_criterion: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None) -> None:
         if len(inputs) != len(targets) or len(inputs) == 0:
             raise ValueError(f"DataLoss needs as many targets as inputs (> 0), got {len(inputs)} and {len(targets)}")
         if isinstance(batch_size, bool) or int(batch_size) < 1:
@@ -321,9 +352,23 @@ class DataLoss:
                                                                 and batch_bytes >= 1)):
             raise invalid("DataLoss batch_bytes", batch_bytes, "None (batch_size rows), 'auto' or an integer ≥ 1",
                           "e.g. batch_bytes=2**21 keeps the largest activation of a pass within 2 MiB")
+        if early_stop not in (True, False):
+            raise invalid("DataLoss early_stop", early_stop, "True or False")
+        if early_stop and row_criterion is None and criterion is not F.cross_entropy:
+            raise invalid("DataLoss row_criterion", row_criterion,
+                          "a function of (outputs, targets) giving one loss per row, with early_stop=True and a "
+                          "criterion other than the default",
+                          "e.g. row_criterion=lambda out, y: F.mse_loss(out, y, reduction='none').mean(dim=1)")
+        self.early_stop = bool(early_stop)
+        self.row_criterion = row_criterion if row_criterion is not None else _cross_entropy_rows
         self.rows = loss_rows(len(inputs), max_rows, seed, client_id)
-        if self.rows is not None:
-            index = torch.from_numpy(self.rows)
+        order = None if self.rows is None else self.rows
+        if self.early_stop:
+            shuffle = generator(seed, client_id, 1, Purpose.LOSS_ROWS).permutation(
+                len(inputs) if order is None else len(order))
+            order = shuffle if order is None else order[shuffle]
+        if order is not None:
+            index = torch.from_numpy(np.asarray(order, dtype=np.int64))
             inputs, targets = inputs[index.to(inputs.device)], targets[index.to(targets.device)]
         self.inputs = inputs if device is None else inputs.to(device)
         self.targets = targets if device is None else targets.to(device)
@@ -427,11 +472,38 @@ class DataLoss:
         call = torch.func.functional_call
         rows = self._pass_rows((type(model), tuple(shape for _, shape, _ in layout)),
                                lambda x: call(model, states[0], (x,))) if states else self.batch_size
+        if self.early_stop and len(states) > 1:
+            return self._each_early(model, states, inputs, rows)
         with torch.no_grad():
             for x, y in self._batches(inputs, rows):
                 for k, state in enumerate(states):
                     totals[k] += float(self.criterion(call(model, state, (x,)), y)) * len(y)
         return np.asarray(totals, dtype=np.float64) / len(self.inputs)
+
+    def _each_early(self, model: torch.nn.Module, states: list[dict[str, torch.Tensor]], inputs: torch.Tensor,
+                    rows: int) -> NDArray[np.float64]:
+        """:meth:`each` with ``early_stop``: growing prefixes, each model scored until it is decided worse."""
+        call = torch.func.functional_call
+        per_row: list[list[torch.Tensor]] = [[] for _ in states]
+        same: list[int] = []                                              # identical states are scored once
+        for k, state in enumerate(states):
+            same.append(next((j for j in range(k) if same[j] == j and _same_state(states[j], state)), k))
+        open_ = [k for k in range(len(states)) if same[k] == k]
+        start, end = 0, min(EARLY_STOP_ROWS, len(inputs))
+        with torch.no_grad():
+            while True:
+                for offset in range(start, end, rows):
+                    stop = min(offset + rows, end)
+                    x, y = inputs[offset:stop], self.targets[offset:stop]
+                    for k in open_:
+                        per_row[k].append(self.row_criterion(call(model, states[k], (x,)), y).double().reshape(-1))
+                if end >= len(inputs):
+                    break
+                open_ = open_models(torch.stack([torch.cat(per_row[k]) for k in open_]).cpu().numpy(), open_)
+                if len(open_) == 1:
+                    break
+                start, end = end, min(2 * end, len(inputs))
+        return np.asarray([float(torch.cat(per_row[same[k]]).mean()) for k in range(len(states))], dtype=np.float64)
 
     def batched(self, model: torch.nn.Module, vectors: NDArray[np.floating], layout: Layout) -> NDArray[np.float64]:
         """The mean loss of each of the ``K`` models ``vectors`` (rows in ``layout``), in one pass per batch.
@@ -450,6 +522,43 @@ class DataLoss:
             for x, y in self._batches(rows=rows):
                 totals += criterion(stacked_outputs(model, state, x), y).double() * len(y)
         return (totals / len(self.inputs)).cpu().numpy()
+
+
+def _cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def _same_state(one: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(value, other[name]) for name, value in one.items())
+
+
+def open_models(losses: NDArray[np.float64], models: Sequence[int], z: float = EARLY_STOP_Z) -> list[int]:
+    """The models still open after a prefix: the leader and those not yet worse than it beyond doubt.
+
+    Parameters
+    ----------
+    losses : ndarray, shape (m, n)
+        Per-row losses of the ``m`` open models on the same ``n`` rows.
+    models : sequence of int
+        Their indices.
+    z : float
+        Standard errors: a model is decided worse when the mean of its per-row excess over the leader's
+        (the lowest mean) is above ``z`` times that mean's standard error (and above 0).
+
+    Returns
+    -------
+    list of int
+        The open models, in the order given.
+    """
+    losses = np.asarray(losses, dtype=np.float64)
+    leader = int(np.argmin(losses.mean(axis=1)))
+    excess = losses - losses[leader]
+    rows = losses.shape[1]
+    mean = excess.mean(axis=1)
+    error = excess.std(axis=1, ddof=1) / np.sqrt(rows) if rows > 1 else np.full(len(mean), np.inf)
+    decided = (mean > 0) & (mean > z * error)
+    decided[leader] = False
+    return [model for model, done in zip(models, decided) if not done]
 
 
 def each_or_none(loss_fn: Any, model: torch.nn.Module, vectors: NDArray[np.floating],
