@@ -35,7 +35,7 @@ Two workloads, each client the same local training on both sides (SGD, momentum 
 
 * ``digits``: the example app's clients and CNN (``examples/digits_cnn``: 96 training
   images 8×8, 38 k parameters, batch 16);
-* ``cifar-like``: images 3×32×32 (a random template per class plus uniform noise, the classes permuted per
+* ``cifar-like``: images 3×32×32 (a smooth random template per class plus uniform noise, the classes permuted per
   client: learnable, so that ``--separated`` starts each client on its own model; the arithmetic is a CIFAR one),
   250 training images per client, :class:`~fedroute.data.models.SmallCNN` (136 k
   parameters), batch 32 — the shape of Flower's quickstart-pytorch (CIFAR-10), smaller.
@@ -89,7 +89,8 @@ class Workload:
 
             self.make_model = lambda: SmallCNN((3, 32, 32), 10)
             generator = torch.Generator().manual_seed(0)
-            templates = torch.rand(10, 3, 32, 32, generator=generator)
+            coarse = torch.rand(10, 3, 4, 4, generator=generator)          # smooth: survives the pooling
+            templates = coarse.repeat_interleave(8, dim=2).repeat_interleave(8, dim=3)
 
             def client(index: int) -> tuple[Any, Any]:
                 # a class template plus noise, the classes permuted per client (each its own group): learnable
