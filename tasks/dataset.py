@@ -41,11 +41,16 @@ from fedroute.client.devices import check_device_name
 from fedroute.core.task import checked_client_ids
 from fedroute.data.partitions import PartitionSettings, dataset_schema, grouped_partition, invalid_setting
 
-__all__ = ["DatasetTask", "BATCHED_CHOICES"]
+__all__ = ["DatasetTask", "BATCHED_CHOICES", "EARLY_STOP_CHOICES"]
 
 BATCHED_CHOICES = ("auto", "true", "false")
 """run-config ``batched-losses``: ``auto`` = batched on a GPU, the loop on the CPU (where ``vmap``'s grouped
 convolutions measured slower, docs/performance.md); ``true``/``false`` force one or the other."""
+
+EARLY_STOP_CHOICES = ("true", "false")
+"""run-config ``routing-early-stop``: score each of the ``K`` models until it is decided worse than the best
+(:class:`~fedroute.client.batched_losses.DataLoss` ``early_stop``; the one-model-at-a-time pass, not the
+batched one), or on every row (``false``, the default)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,11 @@ class DatasetTask:
         round, drawn once from ``(seed, client, 0, Purpose.LOSS_ROWS)``
         (:class:`~fedroute.client.batched_losses.DataLoss` ``max_rows``); ``0`` (the default): every row.
         The held-out evaluation always uses every held-out row.
+    routing_early_stop : str
+        ``true``: score each model on growing random prefixes of the rows until it is worse than the best
+        beyond 3 standard errors (:class:`~fedroute.client.batched_losses.DataLoss` ``early_stop``; on the
+        loop and ``DataLoss.each`` path, where ``batched-losses`` does not take the batched pass);
+        ``false`` (the default): every row.
     """
 
     dataset: str = "auto"
@@ -95,6 +105,7 @@ class DatasetTask:
     client_device: str = "auto"
     batched_losses: str = "auto"
     routing_loss_rows: int = 0
+    routing_early_stop: str = "false"
     seed: int = 0
     name: str = "dataset"
 
@@ -115,6 +126,8 @@ class DatasetTask:
         check_device_name(self.client_device)
         if str(self.batched_losses).lower() not in BATCHED_CHOICES:
             invalid_setting("batched-losses", self.batched_losses, f"one of {BATCHED_CHOICES}")
+        if str(self.routing_early_stop).lower() not in EARLY_STOP_CHOICES:
+            invalid_setting("routing-early-stop", self.routing_early_stop, f"one of {EARLY_STOP_CHOICES}")
 
     @property
     def partition_settings(self) -> PartitionSettings:

@@ -53,7 +53,8 @@ class DatasetClient(TorchClient):
                       torch.from_numpy(data.test_labels).to(self.device))
         self._round = 0
         routing_loss = DataLoss(*self._train, max_rows=int(task.routing_loss_rows) or None, seed=int(task.seed),
-                                client_id=int(data.partition_id))
+                                client_id=int(data.partition_id),
+                                early_stop=str(task.routing_early_stop).lower() == "true")
         super().__init__(model, routing_loss, self._sgd, num_examples=data.num_examples,
                          client_id=data.partition_id, group=data.group, test_loss_fn=DataLoss(*self._test),
                          batched=task.batched(self.device))

@@ -138,8 +138,10 @@ def task_from_config(config: Mapping[str, Any]) -> Task:
     for key, (field, kind) in task_keys(name).items():
         if key in config and config[key] != "auto":  # "auto": the task's own default
             arguments[field] = _convert(key, config[key], kind)
-    if name == "dataset" and isinstance(config.get("batched-losses"), bool):
-        arguments["batched_losses"] = str(config["batched-losses"]).lower()
+    if name == "dataset":
+        for key in ("batched-losses", "routing-early-stop"):
+            if isinstance(config.get(key), bool):
+                arguments[key.replace("-", "_")] = str(config[key]).lower()
     if name == "housing" and arguments.get("data_file") == "":
         arguments["data_file"] = None
     return task_class(name)(**arguments)

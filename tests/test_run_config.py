@@ -143,7 +143,7 @@ TASK_KEY_NAMES = {
     "digit-rotations": "num-clients num-groups test-fraction hidden-units local-steps learning-rate weight-decay seed",
     "dataset": "dataset num-clients partitioner dirichlet-alpha partition-by classes-per-client num-groups "
                "group-transform label-column test-fraction model local-epochs batch-size learning-rate client-device "
-               "batched-losses routing-loss-rows seed",
+               "batched-losses routing-loss-rows routing-early-stop seed",
 }
 """Every task's run-config keys (the hand-made tables the registry derives now)."""
 
