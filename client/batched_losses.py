@@ -362,7 +362,7 @@ class DataLoss:
         self.early_stop = bool(early_stop)
         self.row_criterion = row_criterion if row_criterion is not None else _cross_entropy_rows
         self.rows = loss_rows(len(inputs), max_rows, seed, client_id)
-        order = None if self.rows is None else self.rows
+        order = self.rows
         if self.early_stop:
             shuffle = generator(seed, client_id, 1, Purpose.LOSS_ROWS).permutation(
                 len(inputs) if order is None else len(order))
@@ -470,7 +470,7 @@ class DataLoss:
                      inputs: torch.Tensor, layout: Layout) -> NDArray[np.float64]:
         totals = [0.0] * len(states)
         call = torch.func.functional_call
-        rows = self._pass_rows((type(model), tuple(shape for _, shape, _ in layout)),
+        rows = self._pass_rows(_architecture(model, layout),
                                lambda x: call(model, states[0], (x,))) if states else self.batch_size
         if self.early_stop and len(states) > 1:
             return self._each_early(model, states, inputs, rows)
@@ -515,13 +515,18 @@ class DataLoss:
         criterion = torch.func.vmap(self.criterion, in_dims=(0, None))
         totals = torch.zeros(len(vectors), dtype=torch.float64, device=device)
         rows = self.batch_size if self.batch_bytes is None else self._pass_rows(
-            (type(model), tuple(shape for _, shape, _ in layout)),
+            _architecture(model, layout),
             lambda x: torch.func.functional_call(model, {name: value[0] for name, value in state.items()}, (x,)),
             models=len(vectors))
         with torch.no_grad():
             for x, y in self._batches(rows=rows):
                 totals += criterion(stacked_outputs(model, state, x), y).double() * len(y)
         return (totals / len(self.inputs)).cpu().numpy()
+
+
+def _architecture(model: torch.nn.Module, layout: Layout) -> tuple[Any, ...]:
+    """The key of ``model``'s architecture in the :func:`row_bytes` cache: its type and its entries' shapes."""
+    return type(model), tuple(shape for _, shape, _ in layout)
 
 
 def _cross_entropy_rows(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

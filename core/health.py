@@ -321,7 +321,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     explored = routing_view(health, settings).explore[:, None]           # this round ran exploration
     budget = np.where(recovered | joined, 0,
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
-    uncrowded = ~(preferred_masses >= CROWDED_SHARES / preferred_masses.shape[1] - INCLUSIVE_SLACK).any(axis=1)
+    uncrowded = ~crowded(preferred_masses).any(axis=1)
     apart = ((apart_rounds >= settings.collapse_patience) & uncrowded)[:, None]   # every cluster serves one group
     spare = (still_spare | merged | (unwanted & (budget >= settings.spare_patience))
              | (sign & (preferred_masses <= 0.0) & apart))
@@ -337,7 +337,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     targets = ((sign & vacant & ~spare) | merged) & (reseeds < MAX_RESEEDS)
     source = reseeding(preferred_masses, targets, settings, None if structured is None else persistent)
     fresh = source >= 0                                                  # a new model: fresh evidence about it
-    renewed = fresh | np.any(source[:, :, None] == np.arange(source.shape[1])[None, None, :], axis=1)
+    renewed = fresh.copy()                                               # the re-seeded clusters and their sources
+    renewed[np.nonzero(fresh)[0], source[fresh]] = True
     updated = ClusterHealth(unwanted_rounds=np.where(fresh, 0, streak), wanted_rounds=wanted,
                             exploring_rounds=budget, spare=spare & ~fresh,
                             known_clients=np.maximum(known_clients, health.known_clients),
@@ -396,13 +397,19 @@ def _reseed_source(preferred_masses: NDArray[np.float64], targets: NDArray[np.bo
     crowded one if it holds at least two fair shares."""
     if structured is not None and np.any(eligible := structured & ~targets):
         return int(np.flatnonzero(eligible)[np.argmax(preferred_masses[eligible])])
-    crowded = int(preferred_masses.argmax())
-    return crowded if preferred_masses[crowded] >= CROWDED_SHARES / len(preferred_masses) - INCLUSIVE_SLACK else -1
+    most = int(preferred_masses.argmax())
+    return most if crowded(preferred_masses)[most] else -1
 
 
 CROWDED_SHARES = 2.0
 """A cluster preferred by at least this many fair shares (``p̂_c ≥ 2/K``) is *crowded*: more clients than one group
 of a federation with ``K`` groups has on average."""
+
+
+def crowded(preferred_masses: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Which clusters are crowded (:data:`CROWDED_SHARES`), for ``p̂`` of shape (K,) or (R, K)."""
+    preferred_masses = np.asarray(preferred_masses)
+    return preferred_masses >= CROWDED_SHARES / preferred_masses.shape[-1] - INCLUSIVE_SLACK
 
 
 def read_structure(health: ClusterHealth, structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]],

@@ -271,14 +271,13 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
     """
     if not settings.split_copies:
         return replies
-    batched = np.ndim(cluster_models) == 3
     routed = np.asarray(replies.routes)
     routes, preferred = routed.copy(), np.array(replies.preferred, copy=True)
     weights = np.asarray(replies.num_examples, dtype=np.float64)
     trained = np.asarray(replies.trained_models)
-    for run in range(num_runs if batched else 1):
-        models = np.asarray(cluster_models[run] if batched else cluster_models)
-        in_run = np.flatnonzero((np.asarray(replies.run_index) == run) if batched else np.ones(len(routes), bool))
+    for run in range(num_runs if np.ndim(cluster_models) == 3 else 1):
+        models = np.asarray(_run_models(cluster_models, run))
+        in_run = np.flatnonzero(_in_run(replies, run))
         if not len(in_run):
             continue
         steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[routed[in_run]], axis=1)
@@ -342,37 +341,36 @@ class _RoundStructure:
                  influence: InfluenceBounds, settings: RoutingSettings) -> None:
         self.cluster_models, self.replies, self.kept = cluster_models, replies, kept
         self.influence, self.settings = influence, settings
-        self.batched = np.ndim(cluster_models) == 3
         self._sides: dict[tuple[int, int], Optional[NDArray[np.bool_]]] = {}
+        self._own: dict[tuple[int, int], NDArray[np.int64]] = {}
 
     def _rows(self, run: int, cluster: int, own: bool) -> NDArray[np.int64]:
-        rows = self.kept & (np.asarray(self.replies.routes) == cluster)
+        """The cluster's kept replies in ``run`` (``own``: of the clients that prefer it), computed once."""
+        if own and (run, cluster) in self._own:
+            return self._own[(run, cluster)]
+        rows = self.kept & (np.asarray(self.replies.routes) == cluster) & _in_run(self.replies, run)
         if own:
             rows &= np.asarray(self.replies.preferred) == cluster
-        if self.batched:
-            rows &= np.asarray(self.replies.run_index) == run
+            self._own[(run, cluster)] = np.flatnonzero(rows)
+            return self._own[(run, cluster)]
         return np.flatnonzero(rows)
-
-    def _start(self, run: int, cluster: int) -> NDArray[np.floating]:
-        return self.cluster_models[run, cluster] if self.batched else self.cluster_models[cluster]
 
     def sides(self, run: int, cluster: int) -> Optional[NDArray[np.bool_]]:
         """The two sides of the cluster's own replies where their directions part in two, else ``None``."""
         key = (run, cluster)
         if key not in self._sides:
             rows = self._rows(run, cluster, own=True)
-            updates = np.asarray(self.replies.trained_models)[rows].astype(np.float64) - self._start(run, cluster)
+            updates = (np.asarray(self.replies.trained_models)[rows].astype(np.float64)
+                       - _run_models(self.cluster_models, run)[cluster])
             side = partition(updates, 2, self.settings.split_silhouette).astype(bool)
             self._sides[key] = side if min(side.sum(), (~side).sum()) >= MIN_SIDE_REPLIES else None
         return self._sides[key]
 
     def structure(self, run: int) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
         """Per cluster of ``run``, shape (K,) each: evaluated (enough own replies) and parted in two."""
-        num_clusters = np.shape(self.cluster_models)[-2]
-        evaluated = np.array([len(self._rows(run, cluster, own=True)) >= MIN_STRUCTURE_REPLIES
-                              for cluster in range(num_clusters)])
-        parted = np.array([bool(evaluated[cluster]) and self.sides(run, cluster) is not None
-                           for cluster in range(num_clusters)])
+        clusters = range(np.shape(self.cluster_models)[-2])
+        evaluated = np.array([len(self._rows(run, cluster, own=True)) >= MIN_STRUCTURE_REPLIES for cluster in clusters])
+        parted = np.array([bool(evaluated[cluster]) and self.sides(run, cluster) is not None for cluster in clusters])
         return evaluated, parted
 
     def halves(self, run: int, source: int) -> Optional[tuple[NDArray[np.floating], NDArray[np.floating]]]:
@@ -381,8 +379,21 @@ class _RoundStructure:
         if side is None and not self.settings.reseed_split:
             return None
         rows = self._rows(run, source, own=side is not None)
-        return split_models(self._start(run, source), np.asarray(self.replies.trained_models)[rows],
-                            np.asarray(self.replies.num_examples)[rows], self.influence, side)
+        return split_models(_run_models(self.cluster_models, run)[source],
+                            np.asarray(self.replies.trained_models)[rows], np.asarray(self.replies.num_examples)[rows],
+                            self.influence, side)
+
+
+def _run_models(models: NDArray[np.floating], run: int) -> NDArray[np.floating]:
+    """Run ``run``'s ``(K, P)`` models: a view into batched ``(R, K, P)`` models, or the one run's models."""
+    return models[run] if np.ndim(models) == 3 else models
+
+
+def _in_run(replies: RoundReplies, run: int) -> NDArray[np.bool_]:
+    """Which replies belong to ``run`` (all of them when the replies carry no ``run_index``: one run)."""
+    if replies.run_index is None:
+        return np.ones(len(replies.routes), dtype=bool)
+    return np.asarray(replies.run_index) == run
 
 
 MIN_STRUCTURE_REPLIES = 3
@@ -403,11 +414,10 @@ def _reseeded(outcome: RoundAggregate, sources: NDArray[np.int64], structure: _R
     if not np.any(sources >= 0):
         return outcome
     models = np.array(outcome.models, copy=True)
-    batched = models.ndim == 3
     for run, cluster in zip(*np.nonzero(sources >= 0)):
         source = int(sources[run, cluster])
         halves = structure.halves(int(run), source)
-        run_models = models[run] if batched else models                  # (K, P), a view into models
+        run_models = _run_models(models, int(run))                       # (K, P), a view into models
         if halves is None:
             run_models[cluster] = run_models[source]
         else:
