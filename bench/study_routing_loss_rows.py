@@ -39,15 +39,16 @@ NUM_GROUPS = 4
 
 
 def run_config(dataset: Path, results: Path, rows: int, seed: int, clients: int, rounds: int,
-               method: str = EXP3) -> dict[str, Any]:
-    """The app's defaults with the study's settings (only ``routing-loss-rows`` and ``seed`` vary)."""
+               method: str = EXP3, partitioner: str = "iid", **overrides: Any) -> dict[str, Any]:
+    """The app's defaults with the study's settings (only ``routing-loss-rows`` and ``seed`` vary); ``overrides``:
+    other run-config keys."""
     with open(REPOSITORY / "pyproject.toml", "rb") as stream:
         defaults = tomllib.load(stream)["tool"]["flwr"]["app"]["config"]
-    return {**defaults, "task": "dataset", "dataset": str(dataset), "partitioner": "iid",
+    return {**defaults, "task": "dataset", "dataset": str(dataset), "partitioner": partitioner,
             "num-groups": NUM_GROUPS, "group-transform": "rotate", "num-clusters": NUM_GROUPS,
             "num-clients": clients, "num-server-rounds": rounds, "min-train-nodes": clients,
             "method": method, "client-device": "cpu", "routing-loss-rows": rows, "seed": seed,
-            "results-dir": str(results), "progress-interval": 0.0}
+            "results-dir": str(results), "progress-interval": 0.0, **overrides}
 
 
 def run_once(config: dict[str, Any], results: Path) -> dict[str, Any]:

@@ -329,6 +329,9 @@ class DataLoss:
         Which of the given rows they are (``None``: all).
     batch_bytes : int or None
         The byte cap in force (``"auto"`` resolved).
+    last_rows_scored : int
+        Rows times models the last :meth:`each` scored (``K × n`` without ``early_stop``; identical models
+        count once with it); ``0`` before the first call.
 
     Notes
     -----
@@ -360,6 +363,7 @@ class DataLoss:
                           "criterion other than the default",
                           "e.g. row_criterion=lambda out, y: F.mse_loss(out, y, reduction='none').mean(dim=1)")
         self.early_stop = bool(early_stop)
+        self.last_rows_scored = 0
         self.row_criterion = row_criterion if row_criterion is not None else _cross_entropy_rows
         self.rows = loss_rows(len(inputs), max_rows, seed, client_id)
         order = self.rows
@@ -474,6 +478,7 @@ class DataLoss:
                                lambda x: call(model, states[0], (x,))) if states else self.batch_size
         if self.early_stop and len(states) > 1:
             return self._each_early(model, states, inputs, rows)
+        self.last_rows_scored = len(states) * len(inputs)
         with torch.no_grad():
             for x, y in self._batches(inputs, rows):
                 for k, state in enumerate(states):
@@ -503,6 +508,7 @@ class DataLoss:
                 if len(open_) == 1:
                     break
                 start, end = end, min(2 * end, len(inputs))
+        self.last_rows_scored = sum(sum(len(losses) for losses in per_row[k]) for k in range(len(states)))
         return np.asarray([float(torch.cat(per_row[same[k]]).mean()) for k in range(len(states))], dtype=np.float64)
 
     def batched(self, model: torch.nn.Module, vectors: NDArray[np.floating], layout: Layout) -> NDArray[np.float64]:

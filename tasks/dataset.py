@@ -47,10 +47,12 @@ BATCHED_CHOICES = ("auto", "true", "false")
 """run-config ``batched-losses``: ``auto`` = batched on a GPU, the loop on the CPU (where ``vmap``'s grouped
 convolutions measured slower, docs/performance.md); ``true``/``false`` force one or the other."""
 
-EARLY_STOP_CHOICES = ("true", "false")
+EARLY_STOP_CHOICES = ("auto", "true", "false")
 """run-config ``routing-early-stop``: score each of the ``K`` models until it is decided worse than the best
-(:class:`~fedroute.client.batched_losses.DataLoss` ``early_stop``; the one-model-at-a-time pass, not the
-batched one), or on every row (``false``, the default)."""
+(``true``: :class:`~fedroute.client.batched_losses.DataLoss` ``early_stop``, on the one-model-at-a-time pass),
+on every row (``false``), or ``auto`` (the default): early stop where the ``K`` passes run one model at a time
+(the CPU, where they are a sixth of a round's time), every row where they run as one batched pass (a GPU,
+``batched-losses``), whose cost does not grow with ``K`` passes (docs/performance.md)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ class DatasetTask:
         ``true``: score each model on growing random prefixes of the rows until it is worse than the best
         beyond 3 standard errors (:class:`~fedroute.client.batched_losses.DataLoss` ``early_stop``; on the
         loop and ``DataLoss.each`` path, where ``batched-losses`` does not take the batched pass);
-        ``false`` (the default): every row.
+        ``false``: every row; ``auto`` (the default): ``true`` where the losses run looped, ``false`` where
+        they run batched (:meth:`early_stop`).
     """
 
     dataset: str = "auto"
@@ -105,7 +108,7 @@ class DatasetTask:
     client_device: str = "auto"
     batched_losses: str = "auto"
     routing_loss_rows: int = 0
-    routing_early_stop: str = "false"
+    routing_early_stop: str = "auto"
     seed: int = 0
     name: str = "dataset"
 
@@ -166,6 +169,17 @@ class DatasetTask:
 
         schema = self._schema()
         return initial_vectors(self.model, schema.input_shape, schema.num_classes, num_clusters, self.seed)
+
+    def early_stop(self, device: Optional[Any]) -> bool:
+        """Whether the clients score the ``K`` models with early stop on ``device`` (``routing-early-stop``).
+
+        ``auto``: where the losses run one model at a time (not :meth:`batched`).  There early stop cut the
+        ``K = 4`` passes of a separated federation to about a third, with the same routing decisions on the
+        development runs (docs/performance.md, "Batched K-model losses"); the batched pass scores every row
+        in one pass whatever ``K``, so a GPU run keeps the exact losses.
+        """
+        choice = str(self.routing_early_stop).lower()
+        return not self.batched(device) if choice == "auto" else choice == "true"
 
     def batched(self, device: Optional[Any]) -> bool:
         """Whether the ``K`` losses run as one batched pass on ``device`` (``batched-losses``)."""

@@ -54,7 +54,7 @@ class DatasetClient(TorchClient):
         self._round = 0
         routing_loss = DataLoss(*self._train, max_rows=int(task.routing_loss_rows) or None, seed=int(task.seed),
                                 client_id=int(data.partition_id),
-                                early_stop=str(task.routing_early_stop).lower() == "true")
+                                early_stop=task.early_stop(self.device))
         super().__init__(model, routing_loss, self._sgd, num_examples=data.num_examples,
                          client_id=data.partition_id, group=data.group, test_loss_fn=DataLoss(*self._test),
                          batched=task.batched(self.device))

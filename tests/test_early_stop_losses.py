@@ -69,6 +69,7 @@ def test_separated_models_stop_after_the_first_prefix_with_the_full_passes_decis
     fast, exact = early.each(model, vectors, LAYOUT), full.each(model, vectors, LAYOUT)
     assert int(np.argmin(fast)) == int(np.argmin(exact)) == 0
     assert counting.rows == 4 * EARLY_STOP_ROWS                          # every model on the first prefix only
+    assert (early.last_rows_scored, full.last_rows_scored) == (4 * EARLY_STOP_ROWS, 4 * ROWS)   # what it reports
     np.testing.assert_allclose(fast, exact, rtol=0.5)                    # estimates from 32 random rows
     assert fast[2] > 2 * fast[0] and exact[2] > 2 * exact[0]             # the ratios the server reads survive
 
@@ -86,7 +87,7 @@ def test_models_the_rows_cannot_tell_apart_are_scored_on_every_row_and_agree_wit
     np.testing.assert_allclose(early.each(model, vectors, LAYOUT),
                                DataLoss(inputs, targets, batch_bytes=None).each(model, vectors, LAYOUT),
                                rtol=LOSS_RTOL, atol=LOSS_ATOL)
-    assert counting.rows == 2 * ROWS
+    assert counting.rows == 2 * ROWS == early.last_rows_scored
 
 
 def test_identical_models_are_scored_once_and_get_the_same_loss() -> None:

@@ -114,17 +114,25 @@ def test_the_dataset_task_scores_routing_on_routing_loss_rows_and_evaluates_on_e
                                atol=LOSS_ATOL)
 
 
-def test_the_dataset_task_scores_routing_with_early_stop_when_asked(tmp_path: Path) -> None:
-    """``routing-early-stop = true`` gives the clients a ``DataLoss(early_stop=True)``: the same row set, in the
-    client's fixed random order, whose ``K`` losses pick the same best model as every row; a bad value is named."""
+def test_the_dataset_task_scores_routing_with_early_stop_on_the_looped_pass(tmp_path: Path) -> None:
+    """``routing-early-stop = auto`` (the default) gives a CPU client — the looped pass — a
+    ``DataLoss(early_stop=True)``, and a client whose losses run batched every row; ``true``/``false`` force it.
+    Early stop keeps the row set, in the client's fixed random order, and picks the same best model as every
+    row; a bad value is named."""
     path = write_parquet(tmp_path / "digits.parquet", limit=400)
     base = {"task": "dataset", "dataset": str(path), "num-clients": 4, "client-device": "cpu"}
-    assert task_from_config(base).routing_early_stop == "false"
+    assert task_from_config(base).routing_early_stop == "auto"
     with pytest.raises(ValueError, match=r"dataset task setting 'routing-early-stop' = 'maybe' is invalid"):
         task_from_config({**base, "routing-early-stop": "maybe"})
-    full = task_from_config(base).clients(np.array([1]))
-    early = task_from_config({**base, "routing-early-stop": True}).clients(np.array([1]))
+    cpu = torch.device("cpu")
+    assert task_from_config(base).early_stop(cpu)                              # looped on the CPU: early stop
+    assert not task_from_config({**base, "batched-losses": "true"}).early_stop(cpu)    # batched: every row
+    assert not task_from_config({**base, "routing-early-stop": "auto"}).early_stop(torch.device("cuda"))
+    assert task_from_config({**base, "routing-early-stop": "true", "batched-losses": "true"}).early_stop(cpu)
+    full = task_from_config({**base, "routing-early-stop": False}).clients(np.array([1]))
+    early = task_from_config(base).clients(np.array([1]))
     assert early.loss_fn.early_stop and not full.loss_fn.early_stop
     assert len(early.loss_fn.inputs) == len(full.loss_fn.inputs)
     models = task_from_config(base).initial_models(3)
     assert int(np.argmin(early.losses(models))) == int(np.argmin(full.losses(models)))
+    assert early.loss_fn.last_rows_scored <= full.loss_fn.last_rows_scored == 3 * len(full.loss_fn.inputs)
