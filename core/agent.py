@@ -312,7 +312,7 @@ def greedy_choices(
     greedy_choice = preferred = ctl.greedy_routes(losses, tie_uniforms)
     if view is not None and np.any(view.merged_into >= 0):
         greedy_choice = ctl.consolidating_greedy_routes(losses, view.merged_into >= 0, tie_uniforms,
-                                                        settings.consolidation_loss_ratio)
+                                                        settings.consolidation_loss_ratio, relative=True)
     return greedy_choice, preferred
 
 

@@ -59,7 +59,7 @@ def greedy_routes(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np
 
 def consolidating_greedy_routes(
     losses: NDArray[np.float64], spare: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]] = None,
-    loss_ratio: float = float("inf"),
+    loss_ratio: float = float("inf"), relative: bool = False,
 ) -> NDArray[np.int64]:
     """Greedy that skips the *spare* clusters, for the clients that have a close alternative.
 
@@ -69,15 +69,25 @@ def consolidating_greedy_routes(
     plain Greedy when every cluster is spare, or when its best non-spare loss exceeds
     ``loss_ratio ×`` its best loss (the spare model is the only one that serves it).
 
+    With ``relative`` (the clusters merged into a duplicate twin) a client also skips them when its best
+    non-spare loss is close *relative to the nearest third cluster*: ``log(ℓ_alt/ℓ_best) ≤ ½ log(ℓ_third/ℓ_best)``
+    with ``ℓ_third ≥ loss_ratio · ℓ_best`` — the test that found the pair to be duplicates
+    (:func:`fedroute.core.health.duplicate_twins`), for the one client.  A model trained on half of a group
+    memorises its few clients: their training loss on the other half's model is several times their own
+    (4–8× measured, ``docs/algorithm.md``), above ``loss_ratio``, while another group's model is worse by
+    orders of magnitude; the absolute guard alone would keep each half's clients on their half for good.
+
     Parameters
     ----------
     losses : ndarray, shape (n, K)
     spare : ndarray of bool, shape (n, K) or (K,)
-        Clusters to skip (the previous round's underused clusters).
+        Clusters to skip (the previous round's underused clusters, or the merged ones).
     tie_uniforms : ndarray, shape (n,), optional
         As in :func:`greedy_routes`, over the clusters that remain.
     loss_ratio : float
         ``ρ ≥ 1`` (default: no guard).
+    relative : bool
+        Also skip where the alternative is close relative to the third cluster (above).
 
     Returns
     -------
@@ -85,9 +95,30 @@ def consolidating_greedy_routes(
     """
     losses = np.asarray(losses, dtype=np.float64)
     spare = np.broadcast_to(np.asarray(spare, dtype=bool), losses.shape)
-    alternative = np.where(spare, np.inf, losses).min(axis=-1, keepdims=True)  # +inf when every cluster is spare
-    skipped = spare & np.isfinite(alternative) & (alternative <= loss_ratio * losses.min(axis=-1, keepdims=True))
+    best = losses.min(axis=-1, keepdims=True)
+    remaining = np.where(spare, np.inf, losses)
+    alternative = remaining.min(axis=-1, keepdims=True)                  # +inf when every cluster is spare
+    close = alternative <= loss_ratio * best
+    if relative and losses.shape[-1] >= 3:
+        close |= _close_relative_to_third(losses, remaining, loss_ratio)
+    skipped = spare & np.isfinite(alternative) & close
     return greedy_routes(np.where(skipped, np.inf, losses), tie_uniforms)
+
+
+def _close_relative_to_third(losses: NDArray[np.float64], remaining: NDArray[np.float64],
+                             loss_ratio: float) -> NDArray[np.bool_]:
+    """Per client ``(n, 1)``: its best remaining cluster is at most half as far (log loss ratio) from its best as
+    the nearest cluster that is neither, and that one is at least ``loss_ratio`` × its best."""
+    safe = np.maximum(losses, np.finfo(np.float64).tiny)
+    rows = np.arange(len(safe))
+    best = safe.min(axis=-1, keepdims=True)
+    alternative = np.maximum(remaining.min(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
+    others = safe.copy()
+    others[rows, safe.argmin(axis=-1)] = np.inf
+    others[rows, remaining.argmin(axis=-1)] = np.inf
+    third = others.min(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        return (np.log(alternative / best) <= 0.5 * np.log(third / best)) & (third >= loss_ratio * best)
 
 
 def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]:

@@ -197,6 +197,24 @@ def test_exploitation_phase_is_greedy_without_arms_updates_or_episodes():
         agent_step(state, settings, losses, None, 5, np.arange(2), 0)
 
 
+def test_merged_clusters_are_left_for_a_twin_that_is_close_relative_to_the_third_cluster():
+    """``relative`` (the merged duplicates): the halves of a split group memorise their few clients, so a client's
+    twin is several times its own loss (above ρ = 2) yet close against another group's model; it then follows
+    the merge.  A twin as far as the third cluster, or a third cluster itself close, keeps the client where it is."""
+    losses = np.array([[0.02, 0.09, 3.0, 5.0],      # twin 4.5x, third 150x: the same group's other half -> leave
+                       [0.02, 0.50, 0.6, 5.0],      # twin 25x, third 30x: not its group's half -> stay
+                       [0.02, 0.03, 3.0, 5.0],      # twin within ρ: leaves either way
+                       [0.02, 0.09, 0.035, 5.0]])   # a third cluster within ρ: ambiguous -> Greedy without 0
+    merged = np.array([True, False, False, False])
+    absolute = ctl.consolidating_greedy_routes(losses, merged, loss_ratio=2.0)
+    np.testing.assert_array_equal(absolute, [0, 0, 1, 2])
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses, merged, loss_ratio=2.0, relative=True),
+                                  [1, 0, 1, 2])
+    # no third cluster to measure against (K = 2): the absolute guard alone
+    np.testing.assert_array_equal(ctl.consolidating_greedy_routes(losses[:, :2], merged[:2], loss_ratio=2.0,
+                                                                  relative=True), [0, 0, 1, 0])
+
+
 def test_consolidating_greedy_skips_spare_clusters_unless_every_cluster_is_spare():
     losses = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [3.0, 1.0, 1.0], [2.0, 1.0, 3.0]])
     spare = np.array([[True, False, False], [False, False, False], [False, True, False], [True, True, True]])
