@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -65,29 +64,16 @@ def decisions(results: Path, config: dict[str, Any], method: str) -> dict[str, A
 def study(seeds: list[int], clients: int, rounds: int, methods: list[str],
           partitioners: list[str]) -> list[dict[str, Any]]:
     """Every (partitioner, method, seed): the paired decisions, then the two runs' outcomes."""
-    import logging
+    from study_routing_loss_rows import digits_workspace, run_config, run_once
 
-    import torch
-
-    from fedroute.data.standins import write_digits_parquet
-    from study_routing_loss_rows import run_config, run_once
-
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    logging.getLogger("fedroute").setLevel(logging.WARNING)
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
     out = []
-    with tempfile.TemporaryDirectory(prefix="fedroute-early-") as work:
-        dataset = write_digits_parquet(Path(work) / "digits.parquet")
+    with digits_workspace("fedroute-early-") as (work, dataset):
         for partitioner in partitioners:
             for method in methods:
                 for seed in seeds:
                     row: dict[str, Any] = {"partitioner": partitioner, "method": method, "seed": seed}
                     for flag in ("false", "true"):
-                        results = Path(work) / f"results-{partitioner}-{method}-{seed}-{flag}"
+                        results = work / f"results-{partitioner}-{method}-{seed}-{flag}"
                         config = run_config(dataset, results, 0, seed, clients, rounds, method,
                                             partitioner=partitioner, **{"routing-early-stop": flag,
                                                                         "save-round-models": flag == "false"})

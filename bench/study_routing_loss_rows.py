@@ -22,13 +22,14 @@ held-out evaluation use every row).  Per run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -48,7 +49,8 @@ def run_config(dataset: Path, results: Path, rows: int, seed: int, clients: int,
             "num-groups": NUM_GROUPS, "group-transform": "rotate", "num-clusters": NUM_GROUPS,
             "num-clients": clients, "num-server-rounds": rounds, "min-train-nodes": clients,
             "method": method, "client-device": "cpu", "routing-loss-rows": rows, "seed": seed,
-            "results-dir": str(results), "progress-interval": 0.0, **overrides}
+            "results-dir": str(results), "progress-interval": 0.0,
+            "routing-early-stop": "false", **overrides}             # every row: the subsample is the variable
 
 
 def run_once(config: dict[str, Any], results: Path) -> dict[str, Any]:
@@ -81,27 +83,37 @@ def run_once(config: dict[str, Any], results: Path) -> dict[str, Any]:
             "usable_models": summary["usable_models_test"], "seconds": seconds}
 
 
-def study(rows: list[int], seeds: list[int], clients: int, rounds: int, method: str = EXP3) -> list[dict[str, Any]]:
-    """Every ``(rows, seed)`` run, interleaved by seed."""
+def prepare_in_process_runs() -> None:
+    """One torch thread, quiet loggers, and the task identity Flower's ServerApp expects in this process."""
     import logging
 
     import torch
-
-    from fedroute.data.standins import write_digits_parquet
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
 
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.WARNING)
     logging.getLogger("fedroute").setLevel(logging.WARNING)
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+
+
+@contextlib.contextmanager
+def digits_workspace(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """``(work, dataset)``: a temporary folder holding the offline digits Parquet, set up for in-process runs."""
+    from fedroute.data.standins import write_digits_parquet
+
+    prepare_in_process_runs()
+    with tempfile.TemporaryDirectory(prefix=prefix) as work:
+        yield Path(work), write_digits_parquet(Path(work) / "digits.parquet")
+
+
+def study(rows: list[int], seeds: list[int], clients: int, rounds: int, method: str = EXP3) -> list[dict[str, Any]]:
+    """Every ``(rows, seed)`` run, interleaved by seed."""
     out = []
-    with tempfile.TemporaryDirectory(prefix="fedroute-rows-") as work:
-        dataset = write_digits_parquet(Path(work) / "digits.parquet")
+    with digits_workspace("fedroute-rows-") as (work, dataset):
         for seed in seeds:
             for m in rows:
-                results = Path(work) / f"results-{seed}-{m}"
+                results = work / f"results-{seed}-{m}"
                 numbers = run_once(run_config(dataset, results, m, seed, clients, rounds, method), results)
                 out.append({"rows": m, "seed": seed, **numbers})
                 print(json.dumps(out[-1]), flush=True)
