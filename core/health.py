@@ -36,7 +36,9 @@ presets explore always).  After every round the server reads the federation esti
   for each one's clients the other is at most half as far (in log loss ratio, medians) as
   the nearest third cluster, which is at least ``ρ`` times worse than their own.  The smaller one is
   merged into the larger — clients skip it in their Greedy choice (unless, for that client,
-  the twin is more than ``ρ`` × its best loss) — at once when it is spare already, else once
+  the twin is more than ``ρ`` × its best loss and not close relative to its nearest third
+  cluster: :func:`fedroute.core.controllers.consolidating_greedy_routes`, ``relative``) — at
+  once when it is spare already, else once
   the pair has been duplicates for ``duplicate_patience`` rounds in a row (it is then spare).
   The wait is the evidence: a
   cluster that a group has just recovered from a shared model starts as a near copy of it
