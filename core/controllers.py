@@ -22,6 +22,7 @@ __all__ = [
     "HYSTERESIS",
     "greedy_routes",
     "consolidating_greedy_routes",
+    "close_twin",
     "one_hot",
     "rank_hedge",
     "reversal",
@@ -107,18 +108,26 @@ def consolidating_greedy_routes(
 
 def _close_relative_to_third(losses: NDArray[np.float64], remaining: NDArray[np.float64],
                              loss_ratio: float) -> NDArray[np.bool_]:
-    """Per client ``(n, 1)``: its best remaining cluster is at most half as far (log loss ratio) from its best as
-    the nearest cluster that is neither, and that one is at least ``loss_ratio`` × its best."""
-    safe = np.maximum(losses, np.finfo(np.float64).tiny)
-    rows = np.arange(len(safe))
-    best = safe.min(axis=-1, keepdims=True)
-    alternative = np.maximum(remaining.min(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
-    others = safe.copy()
-    others[rows, safe.argmin(axis=-1)] = np.inf
+    """Per client ``(n, 1)``: :func:`close_twin` for its best remaining cluster, against the nearest cluster that
+    is neither that one nor its best."""
+    tiny = np.finfo(np.float64).tiny
+    logs = np.log(np.maximum(losses, tiny))
+    rows = np.arange(len(logs))
+    own = logs.min(axis=-1, keepdims=True)
+    alternative = np.log(np.maximum(remaining.min(axis=-1, keepdims=True), tiny))
+    others = logs.copy()
+    others[rows, logs.argmin(axis=-1)] = np.inf
     others[rows, remaining.argmin(axis=-1)] = np.inf
-    third = others.min(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        return (np.log(alternative / best) <= 0.5 * np.log(third / best)) & (third >= loss_ratio * best)
+    return close_twin(alternative - own, others.min(axis=-1, keepdims=True) - own, loss_ratio)
+
+
+def close_twin(twin: NDArray[np.float64] | float, third: NDArray[np.float64] | float,
+               loss_ratio: float) -> NDArray[np.bool_] | bool:
+    """The duplicate test, in log loss ratios to the clients' own model: the twin at most half as far as the
+    nearest third cluster (``log(ℓ_twin/ℓ_own) ≤ ½ log(ℓ_third/ℓ_own)``), and that third far
+    (``ℓ_third ≥ ρ · ℓ_own``).  Shared by :func:`fedroute.core.health.duplicate_twins` (medians over a
+    cluster's clients) and :func:`consolidating_greedy_routes` (one client)."""
+    return (twin <= 0.5 * third) & (third >= np.log(loss_ratio))
 
 
 def one_hot(routes: NDArray[np.int64], num_clusters: int) -> NDArray[np.float64]:

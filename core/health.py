@@ -69,6 +69,7 @@ from typing import Callable, Optional
 import numpy as np
 from numpy.typing import NDArray
 
+from fedroute.core.controllers import close_twin
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
 __all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "within_reach", "update_health", "routing_view",
@@ -221,7 +222,7 @@ def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_
             if not len(own_k):
                 continue
             sides = [_side(own_j, j, k), _side(own_k, k, j)]
-            if all(twin <= 0.5 * third and third >= np.log(ratio) for twin, third in sides):
+            if all(close_twin(twin, third, ratio) for twin, third in sides):
                 pairs.append((max(twin for twin, _ in sides), j, k))
     return pairs
 
