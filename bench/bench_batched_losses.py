@@ -168,6 +168,19 @@ class LocalGrid:
         return [self.handler(message, self.contexts[message.metadata.dst_node_id]) for message in messages]
 
 
+def in_process_runs(fedroute_level: int = logging.WARNING) -> None:
+    """Set this process up to drive a ServerApp and its ClientApps itself (:class:`LocalGrid`): one torch thread,
+    Flower's logger at WARNING and fedroute's at ``fedroute_level``, and the task identity Flower's ServerApp reads."""
+    import torch
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    torch.set_num_threads(1)
+    logging.getLogger("fedroute").setLevel(fedroute_level)
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+
+
 def _fedavg_handler(workload: Workload) -> Callable[..., Any]:
     from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
@@ -276,21 +289,13 @@ def run(workloads: list[str], ks: list[int], epochs: int, rounds: int, repeat: i
     """Every configuration ``repeat`` times, interleaved; ``paired``: a FedAvg run right before each one (its ratio's
     baseline), else one FedAvg run per repeat for all; ``separated``: the clusters start as the clients' own models
     (:meth:`Workload.start`)."""
-    import torch
-
-    torch.set_num_threads(1)
+    in_process_runs(fedroute_level=logging.ERROR)
     try:  # numpy's BLAS too (the server step's norms and products)
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - comes with scikit-learn
         pass
     else:
         threadpool_limits(limits=1)
-    logging.getLogger("fedroute").setLevel(logging.ERROR)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
     results: dict[str, list[dict[str, Any]]] = {}
     for name in workloads:
         workload = Workload(name, num_clients, epochs, max(ks) if separated else 0)

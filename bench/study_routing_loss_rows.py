@@ -83,26 +83,13 @@ def run_once(config: dict[str, Any], results: Path) -> dict[str, Any]:
             "usable_models": summary["usable_models_test"], "seconds": seconds}
 
 
-def prepare_in_process_runs() -> None:
-    """One torch thread, quiet loggers, and the task identity Flower's ServerApp expects in this process."""
-    import logging
-
-    import torch
-    from flwr.common.constant import SUPERLINK_NODE_ID
-    from flwr.supercore.task_identity import TaskIdentity
-
-    torch.set_num_threads(1)
-    logging.getLogger("flwr").setLevel(logging.WARNING)
-    logging.getLogger("fedroute").setLevel(logging.WARNING)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
-
-
 @contextlib.contextmanager
 def digits_workspace(prefix: str) -> Iterator[tuple[Path, Path]]:
     """``(work, dataset)``: a temporary folder holding the offline digits Parquet, set up for in-process runs."""
+    from bench_batched_losses import in_process_runs
     from fedroute.data.standins import write_digits_parquet
 
-    prepare_in_process_runs()
+    in_process_runs()
     with tempfile.TemporaryDirectory(prefix=prefix) as work:
         yield Path(work), write_digits_parquet(Path(work) / "digits.parquet")
 
