@@ -19,10 +19,15 @@ from fedroute.simulation.experiments.scenarios import (
     StartedTask,
     _judge,
     cluster_reference_losses,
+    final_rounds,
     initial_models,
     make_fedcam_cell_task,
     reference_losses,
+    reduce_scenario,
 )
+from fedroute.core.methods import GREEDY, method_settings
+from fedroute.simulation.experiments.kit import RunLosses
+from fedroute.simulation.simulator import simulate_batch
 
 
 def test_starts_warm_copies_noise_random_and_collapsed():
@@ -101,6 +106,53 @@ def test_each_group_is_judged_against_the_reference_from_its_own_clusters_start(
     judged = _judge(runs, references).set_index("method")
     assert json.loads(judged.loc["greedy", "group_ratios"]) == [0.5, 1.0] and judged.loc["greedy", "converged"]
     assert json.loads(judged.loc["exp3", "group_ratios"]) == [1.0, 2.0] and not judged.loc["exp3", "converged"]
+
+
+def test_the_end_is_judged_on_the_mean_over_the_last_rounds_models():
+    assert final_rounds(250) == list(range(241, 251)) and final_rounds(3) == [0, 1, 2, 3]
+    assert final_rounds(7, 1) == [7]
+    with pytest.raises(ValueError, match="window = 0 is invalid; allowed: an integer ≥ 1"):
+        final_rounds(7, 0)
+    scenario = SCENARIOS["collinear"]
+    tasks = [StartedTask(scenario.make_task(seed), initial_models(scenario, "random", seed)) for seed in (1, 2)]
+    # The references: the median of each start's alone reference over the window's models, not the last one.
+    windowed = cluster_reference_losses(tasks, 3, 5, window=3)
+    for k in range(3):
+        per_round = reference_losses(tasks, 3, [3, 4, 5], start_cluster=k)
+        np.testing.assert_allclose(windowed[:, k], np.median([per_round[t] for t in (3, 4, 5)], axis=0))
+        assert not np.allclose(windowed[:, k], per_round[5])
+    # The runs: a group's loss is the median over W^{T-9} … W^T of its mean held-out loss on its plurality model,
+    # the routed loss the median over rounds T-10 … T-1 of each round's routes on that round's models.
+    history = simulate_batch(tasks, method_settings(GREEDY, num_clusters=3), 12, [1, 2],
+                             model_rounds=final_rounds(12, 11))
+    cells = [{"scenario": "collinear", "start": "random", "seed": s} for s in (1, 2)]
+    rows = reduce_scenario(history, tasks, cells, 3, window=10)
+    assert SCENARIOS["digits-p25"].final_window == 10 and SCENARIOS["digits"].final_window == 1
+    per_round = [RunLosses(tasks)(state, "test") for state in history.cluster_models]      # W^1 … W^12
+    last = per_round[-1]
+    for r in range(2):
+        groups, models = history.groups[r], json.loads(rows.loc[r, "group_models"])
+        expected = [np.median([losses[r][groups == g, models[g]].mean() for losses in per_round[1:]])
+                    for g in range(3)]
+        np.testing.assert_allclose(json.loads(rows.loc[r, "group_losses"]), expected)
+        assert not np.allclose(expected, [last[r][groups == g, models[g]].mean() for g in range(3)])
+        routed = [np.mean(per_round[j][r][np.arange(30), history.routes[2 + j][r]]) for j in range(10)]  # round 2 + j
+        assert rows.loc[r, "routed_test_loss"] == pytest.approx(np.median(routed))
+    # Round t's routes are scored with W^t (the routes change in rounds 1 and 2 here: a shifted pairing would show).
+    early = simulate_batch(tasks, method_settings(GREEDY, num_clusters=3), 3, [1, 2], model_rounds=[1, 2, 3])
+    assert (early.routes[2] != early.routes[1]).any()
+    two = reduce_scenario(early, tasks, cells, 3, window=2)
+    early_losses = [RunLosses(tasks)(state, "test") for state in early.cluster_models]   # W^1, W^2, W^3
+    for r in range(2):
+        assert two.loc[r, "routed_test_loss"] == pytest.approx(np.median(
+            [np.mean(early_losses[j][r][np.arange(30), early.routes[1 + j][r]]) for j in range(2)]))
+    final = reduce_scenario(history, tasks, cells, 3)                  # window 1: W^T, and W^{T-1}'s routes
+    for r in range(2):
+        groups, models = history.groups[r], json.loads(final.loc[r, "group_models"])
+        np.testing.assert_allclose(json.loads(final.loc[r, "group_losses"]),
+                                   [last[r][groups == g, models[g]].mean() for g in range(3)])
+        assert final.loc[r, "routed_test_loss"] == pytest.approx(
+            np.mean(per_round[-2][r][np.arange(30), history.routes[-1][r]]))
 
 
 def test_config_rejects_bad_values_naming_the_field():

@@ -5,7 +5,8 @@
 (:func:`initial_models`: ``warm`` FedAvg copies, ``noisy`` copies, ``random`` models, the task's
 ``collapsed`` start where it has one); every *cell* is ``{"scenario", "start", "seed"}``; Greedy IFCA and
 every other method (its generic default) run every cell from the same ``W^0`` in the batched simulator.
-A run is *separated* when the plurality of each group's controller-free held-out choices at ``W^T`` is a
+A run is *separated* when the plurality of each group's controller-free held-out choices at its end (``W^T``;
+under partial participation the median over its last :data:`FINAL_WINDOW` rounds, :func:`final_rounds`) is a
 different model for every group, *converged* when moreover each group's held-out loss on its model is
 within ``CONVERGED_TOLERANCE`` of its *reference* (a model trained on that group alone for ``T`` rounds
 from the start ``w_k^0`` of the cluster ``k`` it ended on), and does *no harm* where Greedy converged and its routed loss is within
@@ -64,6 +65,11 @@ RATES_COLUMNS = ("runs", "separated", "converged", "greedy_failures", "recovered
 REFERENCES_COLUMNS = ("scenario", "start", "seed", "reference_losses", "cluster_reference_losses",
                       "half_horizon_losses", "half_horizon_ratio")
 
+FINAL_WINDOW = 10
+"""Under partial participation a run's end is judged on the median held-out loss over its last ``FINAL_WINDOW``
+models ``W^{T−9} … W^T``, and so is every alone reference: one round's model is the average of the few clients
+sampled in it, and both a run and its reference jump with the sample (see :func:`final_rounds`).  With every
+client in every round the final model is judged (:attr:`Scenario.final_window`)."""
 CONVERGED_TOLERANCE = 0.10
 """A separated group's held-out loss may exceed its alone reference by this share."""
 NO_HARM_TOLERANCE = 0.02
@@ -75,7 +81,8 @@ TARGET_NO_HARM = 0.99
 PARTICIPATION_FLOOR = 0.25
 """Done criterion (issue 21): the bars hold at every participation fraction at least this large."""
 HORIZON_TOLERANCE = 0.05
-"""Horizon check: the alone reference at ``T/2`` is within this share of its value at ``T``."""
+"""Horizon check: the alone reference at ``T/2`` is within this share of its value at ``T`` (both judged as a run's
+end, :func:`final_rounds`)."""
 DEV_FIRST_SEED = 100
 """First development seed (the study behind the generic default); evaluation seeds start at 0."""
 STARTS = ("warm", "noisy", "random", "collapsed")
@@ -165,6 +172,13 @@ class Scenario:
         """The scenario's task for one seed (data and the task's own initialisation)."""
         base = _TASKS[self.task](seed, self.num_clients or _DEFAULT_CLIENTS[self.task], self.num_groups)
         return base if self.heterogeneity == Heterogeneity() else HeterogeneousTask(base, self.heterogeneity)
+
+    @property
+    def final_window(self) -> int:
+        """How many of the last models a run's end is judged on (:func:`final_rounds`): :data:`FINAL_WINDOW`
+        under partial participation (at fraction ≥ 0.1 every client expects a play in it), 1 when every client
+        plays every round — the final model is then the deterministic end of the training, not a sample."""
+        return FINAL_WINDOW if self.fraction < 1 else 1
 
     def participation(self) -> Participation:
         """Who plays a round (every client by default)."""
@@ -302,6 +316,20 @@ def make_cell_task(cell: dict[str, Any]) -> StartedTask:
 # --------------------------------------------------------------------------- #
 # The alone references
 # --------------------------------------------------------------------------- #
+def final_rounds(rounds: int, window: int = FINAL_WINDOW) -> list[int]:
+    """The rounds ``T − window + 1 … T`` whose models a run's end (and its references) is judged on.
+
+    One round's model under partial participation is the average of the few clients sampled in that round: in
+    ``digits-p25`` (development seed 105, noisy start) the group on cluster 0 was trained by that group alone from
+    round 0, exactly as its alone reference (held-out 0.0945 against 0.0946 at ``t = 240``); at ``t = 245`` a
+    round with one of its clients sampled sent both to 0.88 and 0.66, and at ``T = 250`` the run was 1.40 × the
+    reference — a miss of the sample, not of the routing.  The median over a window of rounds judges what the
+    routing did, whatever a round or two of unlucky samples did to the models."""
+    if window < 1:
+        raise invalid("window", window, "an integer ≥ 1", "judge on at least the final model")
+    return list(range(max(rounds - window + 1, 0), rounds + 1))
+
+
 def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequence[int],
                      scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None,
                      start_cluster: int = 0) -> dict[int, NDArray[np.float64]]:
@@ -339,10 +367,11 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
 
 
 def cluster_reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: int,
-                             scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None
-                             ) -> NDArray[np.float64]:
+                             scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None,
+                             window: int = 1) -> NDArray[np.float64]:
     """Per run, start cluster and group, the alone reference of :func:`reference_losses` from ``w_k^0``, shape
-    (R, K, G).
+    (R, K, G): the median, over the models of :func:`final_rounds`, of the group's mean loss (``window`` = 1: the
+    model after ``rounds``), as :func:`reduce_scenario` judges a run's groups.
 
     A group that ends on cluster ``k`` is judged against per-group training from that cluster's own start: with
     ``K`` different start models (the ``random`` and ``noisy`` starts) the reference from ``w_0^0`` alone judged
@@ -354,11 +383,20 @@ def cluster_reference_losses(tasks: Sequence[StartedTask], num_groups: int, roun
     num_clusters = len(tasks[0].start_models)
     identical = all(np.array_equal(task.start_models[k], task.start_models[0])
                     for task in tasks for k in range(num_clusters))
-    first = reference_losses(tasks, num_groups, [rounds], scenario, seeds)[rounds]
-    per_cluster = [first] + [first if identical else
-                             reference_losses(tasks, num_groups, [rounds], scenario, seeds, start_cluster=k)[rounds]
-                             for k in range(1, num_clusters)]
+    judged = final_rounds(rounds, window)
+
+    def judged_median(start_cluster: int) -> NDArray[np.float64]:
+        return _median_over(reference_losses(tasks, num_groups, judged, scenario, seeds, start_cluster=start_cluster),
+                            judged)
+
+    first = judged_median(0)
+    per_cluster = [first] + [first if identical else judged_median(k) for k in range(1, num_clusters)]
     return np.stack(per_cluster, axis=1)
+
+
+def _median_over(losses: Mapping[int, NDArray[np.float64]], judged: Sequence[int]) -> NDArray[np.float64]:
+    """The element-wise median of ``losses[t]`` over the rounds ``judged``."""
+    return np.median([losses[t] for t in judged], axis=0)
 
 
 def _plays(client_ids: NDArray[np.int64], run_index: NDArray[np.int64], seeds: NDArray[np.int64], num_runs: int,
@@ -373,15 +411,24 @@ def _plays(client_ids: NDArray[np.int64], run_index: NDArray[np.int64], seeds: N
 # Reduce (module level: runs in Ray workers)
 # --------------------------------------------------------------------------- #
 def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: Sequence[dict[str, Any]],
-                    num_groups: int) -> pd.DataFrame:
-    """One row per cell: separation, the groups' held-out losses on their models, routed loss."""
-    models = history.cluster_models                              # (≥2, R, K, P): W^{T-1}, W^T last
+                    num_groups: int, window: int = 1) -> pd.DataFrame:
+    """One row per cell: separation, the groups' held-out losses on their models, routed loss.
+
+    A run's end is judged over its last ``window`` rounds (the history records ``W^{T−window} … W^T``,
+    :func:`final_rounds` of ``window + 1``): each client's choice (and ``eval_test_loss``, the usable models,
+    the assignment) reads its median held-out loss on every model over ``W^{T−window+1} … W^T``; a group's loss
+    is the median over those models of its mean loss on its plurality model (as its reference,
+    :func:`cluster_reference_losses`); the routed loss is the median over rounds ``T−window … T−1`` of each
+    round's routes scored with that round's models.  With ``window = 1``: ``W^T``, and ``W^{T−1}`` with its
+    routes."""
+    models = history.cluster_models                              # (window + 1, R, K, P): W^{T-window} … W^T
     num_clusters = models.shape[2]
     losses = RunLosses(tasks)
-    final, before = losses(models[-1], "test"), losses(models[-2], "test")
-    latest = history.routes[-1].astype(np.int64)                  # each client's latest route (-1: never played)
-    picked = np.take_along_axis(before, np.maximum(latest, 0)[..., None], axis=2)[..., 0]
-    routed = np.where(latest >= 0, picked, 0.0).sum(axis=1) / np.maximum((latest >= 0).sum(axis=1), 1)
+    per_model = [losses(state, "test") for state in models[-(window + 1):]]
+    ends = np.stack(per_model[1:])                               # (window, R, n, K)
+    final = np.median(ends, axis=0)                              # (R, n, K)
+    routed = np.median([_routed_loss(state_losses, history.routes[-window + j].astype(np.int64))
+                        for j, state_losses in enumerate(per_model[:-1])], axis=0)
     rows = []
     for r, cell in enumerate(cells):
         groups = history.groups[r]
@@ -392,7 +439,7 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
             "scenario": cell["scenario"], "start": cell["start"], "seed": int(cell["seed"]),
             "separated": len(set(plurality)) == min(num_groups, num_clusters),
             "group_models": json.dumps(plurality),
-            "group_losses": json.dumps([float(final[r][groups == g, plurality[g]].mean())
+            "group_losses": json.dumps([float(np.median(ends[:, r][:, groups == g, plurality[g]].mean(axis=1)))
                                         for g in range(num_groups)]),
             "routed_test_loss": float(routed[r]),
             "eval_test_loss": float(final[r].min(axis=1).mean()),
@@ -400,6 +447,13 @@ def reduce_scenario(history: BatchHistory, tasks: Sequence[StartedTask], cells: 
             "assignment_accuracy": float(assignment_accuracy(final[r], groups, num_clusters, num_groups)),
         })
     return pd.DataFrame(rows)
+
+
+def _routed_loss(losses: NDArray[np.float64], routes: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Per run, the mean held-out loss of every client that has played on its latest route (``-1``: never
+    played, left out), from losses ``(R, n, K)`` and routes ``(R, n)``."""
+    picked = np.take_along_axis(losses, np.maximum(routes, 0)[..., None], axis=2)[..., 0]
+    return np.where(routes >= 0, picked, 0.0).sum(axis=1) / np.maximum((routes >= 0).sum(axis=1), 1)
 
 
 def make_fedcam_cell_task(cell: dict[str, Any]) -> Any:
@@ -498,17 +552,18 @@ class ScenarioConfig(ExperimentConfig):
         return method_settings(method, num_clusters=scenario.num_clusters)
 
     def spec(self, method: str, scenario: Scenario) -> SweepSpec:
-        """The sweep spec of a run name on a scenario (the simulator records ``W^{T−1}`` and ``W^T``: what the
-        reduce needs)."""
+        """The sweep spec of a run name on a scenario (the simulator records the models its end is judged on,
+        ``W^{T−w} … W^T`` for the scenario's :attr:`~Scenario.final_window` ``w``: what the reduce needs)."""
         rounds = self.rounds(scenario)
         federation = {} if method == FEDCAM else dict(participation=scenario.participation(),
                                                         join_rounds=scenario.join_rounds(rounds))
         return SweepSpec(
             method=method, settings=self.settings(method, scenario), num_rounds=rounds,
             make_task=make_fedcam_cell_task if method == FEDCAM else make_cell_task,
-            reduce=partial(reduce_scenario, num_groups=scenario.num_groups),
+            reduce=partial(reduce_scenario, num_groups=scenario.num_groups, window=scenario.final_window),
             simulate=partial(simulate_fedcam if method == FEDCAM else simulate_batch,
-                             model_rounds=[rounds - 1, rounds], **federation),
+                             model_rounds=final_rounds(rounds, scenario.final_window + 1),
+                             **federation),
         )
 
     def methods_of(self, scenario: Scenario) -> tuple[str, ...]:
@@ -539,7 +594,8 @@ def all_methods(config: ScenarioConfig) -> ScenarioConfig:
 
 def _references(config: ScenarioConfig, sweep: Sweep) -> pd.DataFrame:
     """The alone reference of every cell of every scenario at ``T`` and ``T/2`` (from ``w_0^0``), and at ``T`` from
-    every cluster's start (:func:`cluster_reference_losses`); chunks of cells run on the sweep's workers."""
+    every cluster's start (:func:`cluster_reference_losses`), each judged as a run's end (:func:`final_rounds` of the
+    scenario's window); chunks of cells run on the sweep's workers."""
     jobs = [(name, config.cells(SCENARIOS[name])[start:start + config.chunk_size], config.rounds(SCENARIOS[name]))
             for name in config.scenarios
             for start in range(0, len(config.cells(SCENARIOS[name])), config.chunk_size)]
@@ -556,12 +612,15 @@ def _reference_rows(name: str, cells: Sequence[dict[str, Any]], rounds: int) -> 
     scenario = SCENARIOS[name]
     tasks = [make_cell_task(cell) for cell in cells]
     seeds = [int(cell["seed"]) for cell in cells]
-    losses = reference_losses(tasks, scenario.num_groups, [rounds // 2, rounds], scenario, seeds)
-    per_cluster = cluster_reference_losses(tasks, scenario.num_groups, rounds, scenario, seeds)
-    return [{**cell, "reference_losses": json.dumps(losses[rounds][r].tolist()),
+    window = scenario.final_window
+    half, end = final_rounds(rounds // 2, window), final_rounds(rounds, window)     # judged as a run's end
+    losses = reference_losses(tasks, scenario.num_groups, sorted({*half, *end}), scenario, seeds)
+    at_half, at_end = _median_over(losses, half), _median_over(losses, end)
+    per_cluster = cluster_reference_losses(tasks, scenario.num_groups, rounds, scenario, seeds, window)
+    return [{**cell, "reference_losses": json.dumps(at_end[r].tolist()),
              "cluster_reference_losses": json.dumps(per_cluster[r].tolist()),
-             "half_horizon_losses": json.dumps(losses[rounds // 2][r].tolist()),
-             "half_horizon_ratio": float(np.max(losses[rounds // 2][r] / losses[rounds][r]))}
+             "half_horizon_losses": json.dumps(at_half[r].tolist()),
+             "half_horizon_ratio": float(np.max(at_half[r] / at_end[r]))}
             for r, cell in enumerate(cells)]
 
 
