@@ -108,7 +108,7 @@ def test_each_group_is_judged_against_the_reference_from_its_own_clusters_start(
     assert json.loads(judged.loc["exp3", "group_ratios"]) == [1.0, 2.0] and not judged.loc["exp3", "converged"]
 
 
-def test_the_end_is_judged_on_the_mean_over_the_last_rounds_models():
+def test_the_end_is_judged_on_the_median_over_the_last_rounds_models():
     assert final_rounds(250) == list(range(241, 251)) and final_rounds(3) == [0, 1, 2, 3]
     assert final_rounds(7, 1) == [7]
     with pytest.raises(ValueError, match="window = 0 is invalid; allowed: an integer ≥ 1"):

@@ -324,7 +324,8 @@ def final_rounds(rounds: int, window: int = FINAL_WINDOW) -> list[int]:
     round 0, exactly as its alone reference (held-out 0.0945 against 0.0946 at ``t = 240``); at ``t = 245`` a
     round with one of its clients sampled sent both to 0.88 and 0.66, and at ``T = 250`` the run was 1.40 × the
     reference — a miss of the sample, not of the routing.  The median over a window of rounds judges what the
-    routing did, whatever a round or two of unlucky samples did to the models."""
+    routing did, whatever a round or two of unlucky samples did to the models (not all the noise: a spike can
+    also part a run from its reference for good; docs/algorithm.md, "The suite")."""
     if window < 1:
         raise invalid("window", window, "an integer ≥ 1", "judge on at least the final model")
     return list(range(max(rounds - window + 1, 0), rounds + 1))
