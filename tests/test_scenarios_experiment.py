@@ -92,6 +92,12 @@ def test_each_group_is_judged_against_the_reference_from_its_own_clusters_start(
     for k in range(3):
         np.testing.assert_array_equal(per_cluster[:, k], reference_losses(tasks, 3, [4], start_cluster=k)[4])
     assert not np.allclose(per_cluster[:, 0], per_cluster[:, 1])        # different starts, different references
+    # w_0^0's reference, already trained by the caller, is read, not trained again
+    trained = reference_losses(tasks, 3, [2, 4])
+    np.testing.assert_array_equal(cluster_reference_losses(tasks, 3, 4, first=trained), per_cluster)
+    read = cluster_reference_losses(tasks, 3, 4, first={t: 2.0 * value for t, value in trained.items()})
+    np.testing.assert_array_equal(read[:, 0], 2.0 * per_cluster[:, 0])
+    np.testing.assert_array_equal(read[:, 1:], per_cluster[:, 1:])
     warm = [StartedTask(scenario.make_task(1), initial_models(scenario, "warm", 1))]
     same = cluster_reference_losses(warm, 3, 4)
     np.testing.assert_array_equal(same[:, 1], same[:, 0])

@@ -369,7 +369,8 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
 
 def cluster_reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: int,
                              scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None,
-                             window: int = 1) -> NDArray[np.float64]:
+                             window: int = 1, first: Optional[Mapping[int, NDArray[np.float64]]] = None
+                             ) -> NDArray[np.float64]:
     """Per run, start cluster and group, the alone reference of :func:`reference_losses` from ``w_k^0``, shape
     (R, K, G): the median, over the models of :func:`final_rounds`, of the group's mean loss (``window`` = 1: the
     model after ``rounds``), as :func:`reduce_scenario` judges a run's groups.
@@ -379,7 +380,8 @@ def cluster_reference_losses(tasks: Sequence[StartedTask], num_groups: int, roun
     a group by the luck of its model's initialisation (measured on ``digits-p25``, random start, seed 100: Greedy
     and the default separated at ``t = 10`` with identical routes, and the group on cluster 1 ended at 1.18 × the
     reference from ``w_0^0`` and within 1 % of the one from its own start).  Runs whose ``K`` start models are
-    identical (the ``warm`` copies) train once.
+    identical (the ``warm`` copies) train once.  ``first``: :func:`reference_losses` from ``w_0^0`` at (at least)
+    the rounds of :func:`final_rounds`, when the caller has trained it already (it is not trained again).
     """
     num_clusters = len(tasks[0].start_models)
     identical = all(np.array_equal(task.start_models[k], task.start_models[0])
@@ -390,8 +392,8 @@ def cluster_reference_losses(tasks: Sequence[StartedTask], num_groups: int, roun
         return _median_over(reference_losses(tasks, num_groups, judged, scenario, seeds, start_cluster=start_cluster),
                             judged)
 
-    first = judged_median(0)
-    per_cluster = [first] + [first if identical else judged_median(k) for k in range(1, num_clusters)]
+    own = judged_median(0) if first is None else _median_over(first, judged)
+    per_cluster = [own] + [own if identical else judged_median(k) for k in range(1, num_clusters)]
     return np.stack(per_cluster, axis=1)
 
 
@@ -617,7 +619,7 @@ def _reference_rows(name: str, cells: Sequence[dict[str, Any]], rounds: int) -> 
     half, end = final_rounds(rounds // 2, window), final_rounds(rounds, window)     # judged as a run's end
     losses = reference_losses(tasks, scenario.num_groups, sorted({*half, *end}), scenario, seeds)
     at_half, at_end = _median_over(losses, half), _median_over(losses, end)
-    per_cluster = cluster_reference_losses(tasks, scenario.num_groups, rounds, scenario, seeds, window)
+    per_cluster = cluster_reference_losses(tasks, scenario.num_groups, rounds, scenario, seeds, window, first=losses)
     return [{**cell, "reference_losses": json.dumps(at_end[r].tolist()),
              "cluster_reference_losses": json.dumps(per_cluster[r].tolist()),
              "half_horizon_losses": json.dumps(at_half[r].tolist()),
