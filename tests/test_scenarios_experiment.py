@@ -24,6 +24,7 @@ from fedroute.simulation.experiments.scenarios import (
     make_fedcam_cell_task,
     reference_losses,
     reduce_scenario,
+    shared_reference_losses,
 )
 from fedroute.core.methods import GREEDY, method_settings
 from fedroute.simulation.experiments.kit import RunLosses
@@ -112,6 +113,48 @@ def test_each_group_is_judged_against_the_reference_from_its_own_clusters_start(
     judged = _judge(runs, references).set_index("method")
     assert json.loads(judged.loc["greedy", "group_ratios"]) == [0.5, 1.0] and judged.loc["greedy", "converged"]
     assert json.loads(judged.loc["exp3", "group_ratios"]) == [1.0, 2.0] and not judged.loc["exp3", "converged"]
+
+
+def test_groups_that_must_share_a_model_are_judged_against_their_shared_reference():
+    scenario = SCENARIOS["collinear"]
+    tasks = [StartedTask(scenario.make_task(seed), initial_models(scenario, "random", seed)) for seed in (1, 2)]
+    # Run 0 ended with groups 0 and 1 on model 1 and group 2 on model 0; run 1 with one group per model.
+    partitions = np.array([[1, 1, 0], [2, 0, 1]])
+    shared = shared_reference_losses(tasks, 3, partitions, 3)
+    per_cluster = cluster_reference_losses(tasks, 3, 3)
+    assert shared[0, 2] == pytest.approx(per_cluster[0, 0, 2])          # alone on its model: its alone reference
+    np.testing.assert_allclose(shared[1], per_cluster[1, [2, 0, 1], [0, 1, 2]])
+    started = tasks[0]
+    clients = started.clients(np.arange(started.num_clients))
+    members = np.flatnonzero(clients.groups <= 1)                       # groups 0 and 1 train model 1 together
+    model = np.asarray(started.start_models[1], dtype=np.float64)
+    for t in range(3):
+        model = clients.local_update(np.repeat(model[None], len(members), 0), members, t).mean(axis=0)
+    test = clients.losses(model[None], "test")[:, 0]
+    for g in (0, 1):
+        assert shared[0, g] == pytest.approx(test[clients.groups == g].mean())
+        assert shared[0, g] > per_cluster[0, 1, g]                      # sharing costs: above its alone reference
+    # Judging: the run whose groups 0 and 1 share is converged on the shared reference, and its group 0, alone in
+    # Greedy's run, is not harmed by sharing; a shared group 20 % above its shared reference is not converged.
+    def row(method, models, losses, routed):
+        return {"scenario": "s", "start": "random", "seed": 0, "method": method, "separated": True,
+                "group_models": json.dumps(models), "group_losses": json.dumps(losses), "routed_test_loss": routed}
+
+    for exp3_losses, converged in (([2.0, 2.1, 1.0], True), ([2.4, 2.1, 1.0], False)):
+        runs = pd.DataFrame([row("greedy", [0, 1, 1], [1.0, 2.0, 2.0], 1.7), row("exp3", [1, 1, 0], exp3_losses, 1.6)])
+        references = pd.DataFrame([{"scenario": "s", "start": "random", "seed": 0,
+                                    "cluster_reference_losses": "[[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]"}])
+        partition_references = pd.DataFrame([
+            {"scenario": "s", "start": "random", "seed": 0, "group_models": "[0, 1, 1]",
+             "shared_reference_losses": "[1.0, 2.0, 2.0]"},
+            {"scenario": "s", "start": "random", "seed": 0, "group_models": "[1, 1, 0]",
+             "shared_reference_losses": "[2.0, 2.0, 1.0]"}])
+        judged = _judge(runs, references, partition_references).set_index("method")
+        assert judged.loc["greedy", "converged"] and judged.loc["exp3", "converged"] == converged
+        assert judged.loc["exp3", "group_harm"] == (0.0 if converged else 1.0)
+        # Against the alone references, sharing group 0 would read as harm (2.0 × where Greedy had 1.0 ×).
+        alone = _judge(runs, references).set_index("method")
+        assert alone.loc["exp3", "group_harm"] == 1.0
 
 
 def test_the_end_is_judged_on_the_median_over_the_last_rounds_models():

@@ -286,26 +286,29 @@ class RunLosses:
 
 def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarray, rounds: Sequence[int],
                        plays: Optional[Callable[[int], np.ndarray]] = None,
-                       bounds: Optional[InfluenceBounds] = None) -> dict[int, np.ndarray]:
+                       bounds: Optional[InfluenceBounds] = None,
+                       model_of_client: Optional[np.ndarray] = None) -> dict[int, np.ndarray]:
     """Each group's model trained on that group alone, for a batch of runs: every client of group ``g`` trains model
     ``g`` of its run and the hard update averages them (the routing loop with each group routed to its own cluster),
     from ``models`` (R, G, P); returns the models at every ``t`` in ``rounds``.  With ``plays`` (``t`` → which
     clients play round ``t``, e.g. the run's partial participation) only those clients train in round ``t``.  With
     ``bounds`` the server step is the runs' own (:func:`~fedroute.core.influence.aggregate_round`: the sample-weight
     cap at ``c`` × the round's lower-median ``n`` over every playing client of the run); without, the uncapped hard
-    update (the paper experiments' reference)."""
-    groups, last = clients.groups, max(rounds)
+    update (the paper experiments' reference).  ``model_of_client``: the model each client trains instead of its
+    group's (fixed routes, e.g. several groups sharing one model; ``models`` is then (R, M, P))."""
+    routes = clients.groups if model_of_client is None else np.asarray(model_of_client, dtype=np.int64)
+    last = max(rounds)
     kept = {}
     for t in range(last + 1):
         if t in rounds:
             kept[t] = models
         if t < last:
-            rows = np.arange(len(groups)) if plays is None else np.flatnonzero(plays(t))
-            trained = clients.local_update(models[run_of_client[rows], groups[rows]], rows, t)
+            rows = np.arange(len(routes)) if plays is None else np.flatnonzero(plays(t))
+            trained = clients.local_update(models[run_of_client[rows], routes[rows]], rows, t)
             if bounds is None:
-                models = hard_update(models, trained, groups[rows], clients.num_examples[rows], run_of_client[rows])
+                models = hard_update(models, trained, routes[rows], clients.num_examples[rows], run_of_client[rows])
             else:
-                models = aggregate_round(models, trained, groups[rows], clients.num_examples[rows], bounds,
+                models = aggregate_round(models, trained, routes[rows], clients.num_examples[rows], bounds,
                                          run_of_client[rows]).models
     return kept
 

@@ -7,9 +7,11 @@
 every other method (its generic default) run every cell from the same ``W^0`` in the batched simulator.
 A run is *separated* when the plurality of each group's controller-free held-out choices at its end (``W^T``;
 under partial participation the median over its last :data:`FINAL_WINDOW` rounds, :func:`final_rounds`) is a
-different model for every group, *converged* when moreover each group's held-out loss on its model is
+different model for every group (with ``K < G``: every model is some group's), *converged* when moreover each group's held-out loss on its model is
 within ``CONVERGED_TOLERANCE`` of its *reference* (a model trained on that group alone for ``T`` rounds
-from the start ``w_k^0`` of the cluster ``k`` it ended on), and does *no harm* where Greedy converged and its routed loss is within
+from the start ``w_k^0`` of the cluster ``k`` it ended on; with ``K < G``, where some groups must share a model, the
+*shared reference* of the groups that ended on that model, :func:`shared_reference_losses`), and does *no harm*
+where Greedy converged and its routed loss is within
 ``NO_HARM_TOLERANCE`` of Greedy's.  Tables, figures and claims (the issue's done criteria):
 docs/experiments.md.
 
@@ -53,7 +55,7 @@ from fedroute.core.participation import Participation, participating
 
 __all__ = ["Scenario", "SCENARIOS", "FAMILIES", "STARTS", "STUDY_VARIANTS", "ScenarioConfig", "StartedTask", "initial_models",
            "reference_losses", "cluster_reference_losses", "reduce_scenario", "scenario_claims", "RUNS_COLUMNS", "RATES_COLUMNS",
-           "REFERENCES_COLUMNS", "EXPERIMENT"]
+           "REFERENCES_COLUMNS", "SHARED_REFERENCES_COLUMNS", "shared_reference_losses", "EXPERIMENT"]
 
 RUNS_COLUMNS = ("method", "scenario", "start", "seed", "separated", "group_models", "group_losses", "routed_test_loss",
                 "eval_test_loss", "usable_models", "assignment_accuracy", "group_ratios", "worst_ratio", "converged",
@@ -65,13 +67,16 @@ RATES_COLUMNS = ("runs", "separated", "converged", "greedy_failures", "recovered
 REFERENCES_COLUMNS = ("scenario", "start", "seed", "reference_losses", "cluster_reference_losses",
                       "half_horizon_losses", "half_horizon_ratio")
 
+SHARED_REFERENCES_COLUMNS = ("scenario", "start", "seed", "group_models", "shared_reference_losses")
+"""Columns of ``shared_references.*``: a ``K < G`` partition (each group's model) and its groups' shared references."""
+
 FINAL_WINDOW = 10
 """Under partial participation a run's end is judged on the median held-out loss over its last ``FINAL_WINDOW``
 models ``W^{T−9} … W^T``, and so is every alone reference: one round's model is the average of the few clients
 sampled in it, and both a run and its reference jump with the sample (see :func:`final_rounds`).  With every
 client in every round the final model is judged (:attr:`Scenario.final_window`)."""
 CONVERGED_TOLERANCE = 0.10
-"""A separated group's held-out loss may exceed its alone reference by this share."""
+"""A separated group's held-out loss may exceed its reference (alone, or shared when ``K < G``) by this share."""
 NO_HARM_TOLERANCE = 0.02
 """Where Greedy converges, a method's final routed loss may exceed Greedy's by this share."""
 TARGET_RECOVERY = 0.95
@@ -350,19 +355,48 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
         ``t → (R, G)`` group-mean held-out losses of the alone models after ``t`` rounds,
         for every ``t`` in ``rounds``.
     """
-    losses = RunLosses(tasks)
-    groups = losses.clients.groups.reshape(len(tasks), -1)                # (R, n)
     start = np.stack([np.repeat(np.asarray(task.start_models[start_cluster:start_cluster + 1]), num_groups, axis=0)
                       for task in tasks])
+    return _trained_group_losses(tasks, num_groups, start, None, rounds, scenario, seeds)
+
+
+def shared_reference_losses(tasks: Sequence[StartedTask], num_groups: int, model_of_group: NDArray[np.int64],
+                            rounds: int, scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None,
+                            window: int = 1) -> NDArray[np.float64]:
+    """Per run and group, the reference of a group that must share its model: every model ``k`` trained from its
+    own start ``w_k^0`` on the groups ``model_of_group`` (R, G) routes to it, and nothing else, for ``rounds``
+    rounds; the median, over the models of :func:`final_rounds`, of each group's mean held-out loss on its model.
+
+    With fewer models than groups (``K < G``) some groups must share a model, and which ones is the run's choice:
+    a group that shares is judged against what its *shared* model could be (the groups it shares with, trained
+    together and alone), not against a model of its own that no partition gives it; which partition a run found
+    is judged by its routed loss (no harm).  With one group per model this is :func:`cluster_reference_losses`
+    of each group's own cluster."""
+    start = np.stack([np.asarray(task.start_models) for task in tasks])
+    judged = final_rounds(rounds, window)
+    losses = _trained_group_losses(tasks, num_groups, start, np.asarray(model_of_group, dtype=np.int64), judged,
+                                   scenario, seeds)
+    return _median_over(losses, judged)
+
+
+def _trained_group_losses(tasks: Sequence[StartedTask], num_groups: int, start: NDArray[np.floating],
+                          model_of_group: Optional[NDArray[np.int64]], rounds: Sequence[int],
+                          scenario: Optional[Scenario], seeds: Optional[Sequence[int]]
+                          ) -> dict[int, NDArray[np.float64]]:
+    """``t → (R, G)``: each group's mean held-out loss on its model, the models ``start`` (R, M, P) trained with fixed
+    routes (group ``g`` to model ``g``, or to ``model_of_group[r, g]``) and the runs' own server step."""
+    losses = RunLosses(tasks)
+    groups = losses.clients.groups.reshape(len(tasks), -1)                # (R, n)
+    routes = groups if model_of_group is None else np.take_along_axis(model_of_group, groups, axis=1)
     plays = None
     if scenario is not None and (scenario.fraction < 1 or scenario.late_group):
         plays = partial(_plays, losses.clients.client_ids, losses.run_of_client, np.asarray(seeds)[losses.run_of_client],
                         len(tasks), scenario.participation(), scenario.join_rounds(max(rounds)), tasks[0].num_clients)
     result = {}
     trained = train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds], plays,
-                                 InfluenceBounds())
+                                 InfluenceBounds(), None if model_of_group is None else routes.reshape(-1))
     for t, models in trained.items():
-        own = np.take_along_axis(losses(models, "test"), groups[..., None], axis=2)[..., 0]   # (R, n)
+        own = np.take_along_axis(losses(models, "test"), routes[..., None], axis=2)[..., 0]   # (R, n)
         result[t] = np.stack([[own[r, groups[r] == g].mean() for g in range(num_groups)] for r in range(len(tasks))])
     return result
 
@@ -627,17 +661,56 @@ def _reference_rows(name: str, cells: Sequence[dict[str, Any]], rounds: int) -> 
             for r, cell in enumerate(cells)]
 
 
-def _judge(runs: pd.DataFrame, references: pd.DataFrame) -> pd.DataFrame:
-    """Add ``worst_ratio``, ``converged``, ``greedy_converged``, ``no_harm`` to the runs."""
+def _shared_references(config: ScenarioConfig, sweep: Sweep, runs: pd.DataFrame) -> pd.DataFrame:
+    """The reference of every partition a separated run of a ``K < G`` scenario ended on (groups sharing a model
+    trained together, :func:`shared_reference_losses`), once per cell and partition; chunks run on the workers."""
+    forced = runs[runs["scenario"].map(lambda name: SCENARIOS[name].num_clusters < SCENARIOS[name].num_groups)
+                  & runs["separated"].astype(bool)]
+    partitions = forced[list(SHARED_REFERENCES_COLUMNS[:4])].drop_duplicates()
+    jobs = [(name, part.iloc[start:start + config.chunk_size].to_dict("records"), config.rounds(SCENARIOS[name]))
+            for name, part in partitions.groupby("scenario", sort=False)
+            for start in range(0, len(part), config.chunk_size)]
+    if sweep.progress and jobs:
+        print(f"shared references (K < G): {len(partitions)} partitions of separated runs", flush=True)
+    if sweep.runner is None or not jobs:
+        tables = [_shared_reference_rows(*job) for job in jobs]
+    else:
+        done = dict(sweep.runner.run(_shared_reference_rows, jobs))
+        tables = [done[index] for index in range(len(jobs))]
+    return pd.DataFrame([row for table in tables for row in table], columns=list(SHARED_REFERENCES_COLUMNS))
+
+
+def _shared_reference_rows(name: str, rows: Sequence[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """The shared references of one chunk of (cell, partition) rows (module level: runs in a worker)."""
+    scenario = SCENARIOS[name]
+    tasks = [make_cell_task(row) for row in rows]
+    seeds = [int(row["seed"]) for row in rows]
+    model_of_group = np.array([json.loads(row["group_models"]) for row in rows], dtype=np.int64)
+    shared = shared_reference_losses(tasks, scenario.num_groups, model_of_group, rounds, scenario, seeds,
+                                     scenario.final_window)
+    return [{**{key: row[key] for key in SHARED_REFERENCES_COLUMNS[:4]},
+             "shared_reference_losses": json.dumps(shared[r].tolist())} for r, row in enumerate(rows)]
+
+
+def _judge(runs: pd.DataFrame, references: pd.DataFrame, shared: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """Add ``worst_ratio``, ``converged``, ``greedy_converged``, ``no_harm`` to the runs.
+
+    A group is judged against its alone reference from the start of the model it ended on, except in a separated
+    run with fewer models than groups, where every group is judged against its partition's shared reference
+    (``shared``, :func:`shared_reference_losses`)."""
     keys = ["scenario", "start", "seed"]
     runs = runs.merge(references[keys + ["cluster_reference_losses"]], on=keys, how="left")
-    ratios = [np.asarray(json.loads(own)) / _own_references(json.loads(ref), json.loads(models))
-              for own, ref, models in zip(runs["group_losses"], runs["cluster_reference_losses"], runs["group_models"])]
-    alone = [_alone_groups(json.loads(models)) for models in runs["group_models"]]
+    if shared is None:
+        shared = pd.DataFrame(columns=list(SHARED_REFERENCES_COLUMNS))
+    runs = runs.merge(shared, on=keys + ["group_models"], how="left")
+    ratios = [np.asarray(json.loads(own)) / (np.asarray(json.loads(partition)) if isinstance(partition, str)
+                                             else _own_references(json.loads(ref), json.loads(models)))
+              for own, ref, models, partition in zip(runs["group_losses"], runs["cluster_reference_losses"],
+                                                     runs["group_models"], runs["shared_reference_losses"])]
     runs["group_ratios"] = [json.dumps([round(float(r), 6) for r in ratio]) for ratio in ratios]
     runs["worst_ratio"] = [float(np.max(ratio)) for ratio in ratios]
-    # Converged: every group that has a model to itself is within the tolerance of its oracle (all groups when K ≥ G).
-    within = [bool(np.all(ratio[mask] <= 1.0 + CONVERGED_TOLERANCE)) for ratio, mask in zip(ratios, alone)]
+    # Converged: separated, and every group within the tolerance of its reference (a K < G run's shared groups too).
+    within = [bool(np.all(ratio <= 1.0 + CONVERGED_TOLERANCE)) for ratio in ratios]
     runs["converged"] = runs["separated"] & np.array(within, dtype=bool)
     runs["greedy_converged"] = greedy_of_cell(runs, keys, "converged").astype(bool)
     greedy_loss = greedy_of_cell(runs, keys, "routed_test_loss").astype(float)
@@ -648,19 +721,13 @@ def _judge(runs: pd.DataFrame, references: pd.DataFrame) -> pd.DataFrame:
         np.nan if method == GREEDY else
         float(bool(np.any((np.asarray(theirs) <= 1.0 + CONVERGED_TOLERANCE) & (ours > 1.0 + CONVERGED_TOLERANCE))))
         for method, ours, theirs in zip(runs["method"], ratios, greedy_ratios)]
-    return runs.drop(columns="cluster_reference_losses")
+    return runs.drop(columns=["cluster_reference_losses", "shared_reference_losses"])
 
 
 def _own_references(per_cluster: Sequence[Sequence[float]], plurality: Sequence[int]) -> NDArray[np.float64]:
     """Each group's alone reference from the start of the cluster it ended on (its plurality model)."""
     table = np.asarray(per_cluster, dtype=np.float64)                       # (K, G)
     return table[np.asarray(plurality, dtype=np.int64), np.arange(table.shape[1])]
-
-
-def _alone_groups(plurality: Sequence[int]) -> NDArray[np.bool_]:
-    """Groups whose plurality model is no other group's (with ``K < G`` some groups must share)."""
-    counts = np.bincount(np.asarray(plurality, dtype=np.int64))
-    return counts[np.asarray(plurality, dtype=np.int64)] == 1
 
 
 def _rates(part: pd.DataFrame) -> dict[str, Any]:
@@ -699,12 +766,17 @@ def _run(config: ScenarioConfig, sweep: Sweep) -> Results:
     reference_table = _references(config, sweep)
     tables = sweep.many([([config.spec(method, scenario) for method in config.methods_of(scenario)],
                           config.cells(scenario), config.chunk_size) for scenario in scenarios])
-    runs = _judge(pd.concat(tables, ignore_index=True), reference_table)[list(RUNS_COLUMNS)]
+    runs = pd.concat(tables, ignore_index=True)
+    shared_table = _shared_references(config, sweep, runs)
+    runs = _judge(runs, reference_table, shared_table)[list(RUNS_COLUMNS)]
     summary = pd.DataFrame([{"scenario": s, "start": st, "method": m, **_rates(part)}
                             for (s, st, m), part in runs.groupby(["scenario", "start", "method"], sort=False)])
     methods = pd.DataFrame([{"method": m, **_rates(part)} for m, part in runs.groupby("method", sort=False)])
-    return Results({"runs": runs, "summary": summary, "methods": methods,
-                    "references": reference_table[list(REFERENCES_COLUMNS)]})
+    written = {"runs": runs, "summary": summary, "methods": methods,
+               "references": reference_table[list(REFERENCES_COLUMNS)]}
+    if any(scenario.num_clusters < scenario.num_groups for scenario in scenarios):
+        written["shared_references"] = shared_table       # only a suite with K < G has groups that must share
+    return Results(written)
 
 
 # --------------------------------------------------------------------------- #
