@@ -24,6 +24,7 @@ from fedroute.simulation.experiments.scenarios import (
     make_fedcam_cell_task,
     reference_losses,
     reduce_scenario,
+    perturbation_ratios,
     shared_reference_losses,
 )
 from fedroute.core.methods import GREEDY, method_settings
@@ -62,6 +63,24 @@ def test_reference_is_each_group_trained_alone_from_the_first_model():
                 model = clients.local_update(np.repeat(model[None], len(members), 0), members, t).mean(axis=0)
             assert result[0][r, g] == pytest.approx(test0)
             assert result[3][r, g] == pytest.approx(clients.losses(model[None], "test")[members, 0].mean())
+
+
+def test_the_perturbation_check_trains_round_0_with_one_client_per_group():
+    scenario = SCENARIOS["collinear"]
+    tasks = [StartedTask(scenario.make_task(seed), initial_models(scenario, "random", seed)) for seed in (1, 2)]
+    result = reference_losses(tasks, 3, [3], perturbed=True)
+    for r, started in enumerate(tasks):
+        clients = started.clients(np.arange(started.num_clients))
+        for g in range(3):
+            members = np.flatnonzero(clients.groups == g)
+            model = np.asarray(started.start_models[0], dtype=np.float64)
+            for t in range(3):
+                playing = members[:1] if t == 0 else members          # round 0: the group's first client alone
+                model = clients.local_update(np.repeat(model[None], len(playing), 0), playing, t).mean(axis=0)
+            assert result[3][r, g] == pytest.approx(clients.losses(model[None], "test")[members, 0].mean())
+    assert not np.allclose(result[3], reference_losses(tasks, 3, [3])[3])
+    # Moved by 10 % up in one group and 25 % down in another: the check reads 1.25 (symmetric in the direction).
+    np.testing.assert_allclose(perturbation_ratios([[1.0, 2.0], [1.0, 1.0]], [[1.1, 1.6], [1.0, 1.0]]), [1.25, 1.0])
 
 
 def test_judging_converged_and_no_harm():

@@ -55,7 +55,7 @@ from fedroute.core.participation import Participation, participating
 
 __all__ = ["Scenario", "SCENARIOS", "FAMILIES", "STARTS", "STUDY_VARIANTS", "ScenarioConfig", "StartedTask", "initial_models",
            "reference_losses", "cluster_reference_losses", "reduce_scenario", "scenario_claims", "RUNS_COLUMNS", "RATES_COLUMNS",
-           "REFERENCES_COLUMNS", "SHARED_REFERENCES_COLUMNS", "shared_reference_losses", "EXPERIMENT"]
+           "REFERENCES_COLUMNS", "SHARED_REFERENCES_COLUMNS", "shared_reference_losses", "perturbation_ratios", "EXPERIMENT"]
 
 RUNS_COLUMNS = ("method", "scenario", "start", "seed", "separated", "group_models", "group_losses", "routed_test_loss",
                 "eval_test_loss", "usable_models", "assignment_accuracy", "group_ratios", "worst_ratio", "converged",
@@ -65,7 +65,7 @@ RATES_COLUMNS = ("runs", "separated", "converged", "greedy_failures", "recovered
                  "median_worst_ratio", "max_worst_ratio", "group_harm_runs")
 """Columns of ``summary.*`` after ``scenario, start, method`` and of ``methods.*`` after ``method``."""
 REFERENCES_COLUMNS = ("scenario", "start", "seed", "reference_losses", "cluster_reference_losses",
-                      "half_horizon_losses", "half_horizon_ratio")
+                      "half_horizon_losses", "half_horizon_ratio", "perturbed_losses", "perturbation_ratio")
 
 SHARED_REFERENCES_COLUMNS = ("scenario", "start", "seed", "group_models", "shared_reference_losses")
 """Columns of ``shared_references.*``: a ``K < G`` partition (each group's model) and its groups' shared references."""
@@ -338,7 +338,7 @@ def final_rounds(rounds: int, window: int = FINAL_WINDOW) -> list[int]:
 
 def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequence[int],
                      scenario: Optional[Scenario] = None, seeds: Optional[Sequence[int]] = None,
-                     start_cluster: int = 0) -> dict[int, NDArray[np.float64]]:
+                     start_cluster: int = 0, perturbed: bool = False) -> dict[int, NDArray[np.float64]]:
     """Per run and group, the held-out loss of a model trained on that group alone from ``w_k^0``.
 
     Every client of group ``g`` trains the group's model and the runs' own server step averages
@@ -347,7 +347,9 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
     for all runs at once, from the start model ``k = start_cluster`` of each run.  In a
     scenario with partial participation or a late group (``scenario`` and the runs' ``seeds``
     given) only the clients that play a round in the routing runs train in it: the reference
-    is per-group training in the same federation.
+    is per-group training in the same federation.  ``perturbed``: round 0 is trained by one client
+    of each group alone (its first client playing that round), every later round as before — the
+    perturbation check of the suite (:func:`perturbation_ratios`).
 
     Returns
     -------
@@ -357,7 +359,33 @@ def reference_losses(tasks: Sequence[StartedTask], num_groups: int, rounds: Sequ
     """
     start = np.stack([np.repeat(np.asarray(task.start_models[start_cluster:start_cluster + 1]), num_groups, axis=0)
                       for task in tasks])
-    return _trained_group_losses(tasks, num_groups, start, None, rounds, scenario, seeds)
+    return _trained_group_losses(tasks, num_groups, start, None, rounds, scenario, seeds, perturbed)
+
+
+def perturbation_ratios(references: NDArray[np.float64], perturbed: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Per run, how far a one-round change moves the alone references: the largest ``max(b/a, a/b)`` over the
+    groups, ``a`` the reference and ``b`` the same training with round 0 made by one client per group
+    (:func:`reference_losses` with ``perturbed``), both (R, G).
+
+    A run is judged converged within ``CONVERGED_TOLERANCE`` of a reference; where the reference itself moves by
+    more than that when only round 0 differs, which clients a method happened to route in its first rounds can
+    decide the judgement (``digits-minority-noisy``: 3 clients with 30 % wrong labels; docs/algorithm.md)."""
+    references, perturbed = np.asarray(references, dtype=np.float64), np.asarray(perturbed, dtype=np.float64)
+    return np.max(np.maximum(perturbed / references, references / perturbed), axis=1)
+
+
+def _first_round_by_one(plays: Optional[Callable[[int], NDArray[np.bool_]]], run_of_client: NDArray[np.int64],
+                        routes: NDArray[np.int64], num_models: int, round_index: int) -> NDArray[np.bool_]:
+    """Who plays round ``t``: as ``plays`` (everyone without it), but in round 0 only the first client of each
+    (run, model) among that round's players."""
+    playing = np.ones(len(routes), dtype=bool) if plays is None else np.asarray(plays(round_index), dtype=bool)
+    if round_index != 0:
+        return playing
+    rows = np.flatnonzero(playing)
+    _, first = np.unique(run_of_client[rows] * num_models + routes[rows], return_index=True)
+    kept = np.zeros(len(routes), dtype=bool)
+    kept[rows[first]] = True
+    return kept
 
 
 def shared_reference_losses(tasks: Sequence[StartedTask], num_groups: int, model_of_group: NDArray[np.int64],
@@ -381,10 +409,11 @@ def shared_reference_losses(tasks: Sequence[StartedTask], num_groups: int, model
 
 def _trained_group_losses(tasks: Sequence[StartedTask], num_groups: int, start: NDArray[np.floating],
                           model_of_group: Optional[NDArray[np.int64]], rounds: Sequence[int],
-                          scenario: Optional[Scenario], seeds: Optional[Sequence[int]]
+                          scenario: Optional[Scenario], seeds: Optional[Sequence[int]], perturbed: bool = False
                           ) -> dict[int, NDArray[np.float64]]:
     """``t → (R, G)``: each group's mean held-out loss on its model, the models ``start`` (R, M, P) trained with fixed
-    routes (group ``g`` to model ``g``, or to ``model_of_group[r, g]``) and the runs' own server step."""
+    routes (group ``g`` to model ``g``, or to ``model_of_group[r, g]``) and the runs' own server step
+    (``perturbed``: round 0 by one client per model, :func:`_first_round_by_one`)."""
     losses = RunLosses(tasks)
     groups = losses.clients.groups.reshape(len(tasks), -1)                # (R, n)
     routes = groups if model_of_group is None else np.take_along_axis(model_of_group, groups, axis=1)
@@ -392,6 +421,8 @@ def _trained_group_losses(tasks: Sequence[StartedTask], num_groups: int, start: 
     if scenario is not None and (scenario.fraction < 1 or scenario.late_group):
         plays = partial(_plays, losses.clients.client_ids, losses.run_of_client, np.asarray(seeds)[losses.run_of_client],
                         len(tasks), scenario.participation(), scenario.join_rounds(max(rounds)), tasks[0].num_clients)
+    if perturbed:
+        plays = partial(_first_round_by_one, plays, losses.run_of_client, routes.reshape(-1), start.shape[1])
     result = {}
     trained = train_groups_alone(losses.clients, losses.run_of_client, start, [int(t) for t in rounds], plays,
                                  InfluenceBounds(), None if model_of_group is None else routes.reshape(-1))
@@ -654,10 +685,13 @@ def _reference_rows(name: str, cells: Sequence[dict[str, Any]], rounds: int) -> 
     losses = reference_losses(tasks, scenario.num_groups, sorted({*half, *end}), scenario, seeds)
     at_half, at_end = _median_over(losses, half), _median_over(losses, end)
     per_cluster = cluster_reference_losses(tasks, scenario.num_groups, rounds, scenario, seeds, window, first=losses)
+    perturbed = _median_over(reference_losses(tasks, scenario.num_groups, end, scenario, seeds, perturbed=True), end)
+    moved = perturbation_ratios(at_end, perturbed)
     return [{**cell, "reference_losses": json.dumps(at_end[r].tolist()),
              "cluster_reference_losses": json.dumps(per_cluster[r].tolist()),
              "half_horizon_losses": json.dumps(at_half[r].tolist()),
-             "half_horizon_ratio": float(np.max(at_half[r] / at_end[r]))}
+             "half_horizon_ratio": float(np.max(at_half[r] / at_end[r])),
+             "perturbed_losses": json.dumps(perturbed[r].tolist()), "perturbation_ratio": float(moved[r])}
             for r, cell in enumerate(cells)]
 
 
@@ -811,12 +845,24 @@ def scenario_claims(results: Results, config: ScenarioConfig) -> list[dict[str, 
                     "greedy_failures", "recovered_of_greedy_failures", "greedy_successes",
                     "no_harm_of_greedy_successes", "group_harm_runs")}},
                 _bars_hold(part)))
+    moved = results.references.groupby("scenario")["perturbation_ratio"].max()
+    claims.append(claim(
+        f"The {CONVERGED_TOLERANCE:.0%} test is outside the training's own noise: no alone reference moves by more "
+        f"than {CONVERGED_TOLERANCE:.0%} when round 0 is trained by one client per group (every scenario, start, "
+        f"seed and group; max(b/a, a/b))",
+        "ours (issue 21's converged test): a method's first rounds' routes should not decide it",
+        {"scenarios_beyond": f"{int((moved > 1.0 + CONVERGED_TOLERANCE).sum())} of {len(moved)}",
+         "worst": f"{moved.max():.3f} ({moved.idxmax()})",
+         "worst_perturbation_ratio_by_scenario": {k: number(v) for k, v in moved.items()}},
+        bool((moved <= 1.0 + CONVERGED_TOLERANCE).all())))
     worst = results.references.groupby("scenario")["half_horizon_ratio"].max()
     claims.append(claim(
         f"T leaves no under-training confound: every alone reference at T/2 is within {HORIZON_TOLERANCE:.0%} of its "
         f"loss at T (every scenario, start, seed and group)",
         "issue 10: choose T so that the alone model converges well within T",
-        {"worst_half_horizon_ratio_by_scenario": {k: number(v) for k, v in worst.items()}},
+        {"scenarios_beyond": f"{int((worst > 1.0 + HORIZON_TOLERANCE).sum())} of {len(worst)}",
+         "worst": f"{worst.max():.3f} ({worst.idxmax()})",
+         "worst_half_horizon_ratio_by_scenario": {k: number(v) for k, v in worst.items()}},
         None if config.short else (worst <= 1.0 + HORIZON_TOLERANCE).all()))
     return claims
 
