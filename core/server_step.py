@@ -204,7 +204,7 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
         reach = within_reach(federation.losses[counted], federation.preferred[counted],
                              federation.run_index[counted], num_runs, cluster_models.shape[-2],
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
-        structure = _RoundStructure(cluster_models, replies, kept, influence, settings, outcome.weights)
+        structure = _RoundStructure(cluster_models, replies, kept, influence, settings)
         health, view = update_health(state.health, estimate.preferred_masses, twins,
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
@@ -330,20 +330,16 @@ class _RoundStructure:
     design, so they would show "groups inside the cluster" in a federation that is already separated; its
     own clients part only where groups share its model.  ``structure(run)`` gives, per cluster, whether it
     was *evaluated* (at least :data:`MIN_STRUCTURE_REPLIES` own replies) and whether those *part in two*
-    by direction (:func:`fedroute.core.split.partition` at ``split_silhouette``, the silhouette weighted by the
-    replies' capped sample counts ``weights`` — a direction from few samples is noisy: with log-normal counts
-    two groups sharing a model were found in every reading at an unweighted silhouette of 0.10–0.23 —, each
-    side at least :data:`MIN_SIDE_REPLIES` replies: one client whose update points elsewhere is not a group);
+    by direction (:func:`fedroute.core.split.partition` at ``split_silhouette``, each side at least
+    :data:`MIN_SIDE_REPLIES` replies: one client whose update points elsewhere is not a group);
     ``halves(run, source)`` aggregates the two sides of a re-seed's source — its own replies' sides where
     they part, the unconditional bisection of all its replies with ``reseed_split`` otherwise — or gives
     ``None`` (a copy).
     """
 
     def __init__(self, cluster_models: NDArray[np.floating], replies: RoundReplies, kept: NDArray[np.bool_],
-                 influence: InfluenceBounds, settings: RoutingSettings,
-                 weights: Optional[NDArray[np.floating]] = None) -> None:
+                 influence: InfluenceBounds, settings: RoutingSettings) -> None:
         self.cluster_models, self.replies, self.kept = cluster_models, replies, kept
-        self.weights = np.asarray(replies.num_examples, dtype=np.float64) if weights is None else np.asarray(weights)
         self.influence, self.settings = influence, settings
         self._sides: dict[tuple[int, int], Optional[NDArray[np.bool_]]] = {}
         self._own: dict[tuple[int, int], NDArray[np.int64]] = {}
@@ -366,7 +362,7 @@ class _RoundStructure:
             rows = self._rows(run, cluster, own=True)
             updates = (np.asarray(self.replies.trained_models)[rows].astype(np.float64)
                        - _run_models(self.cluster_models, run)[cluster])
-            side = partition(updates, 2, self.settings.split_silhouette, self.weights[rows]).astype(bool)
+            side = partition(updates, 2, self.settings.split_silhouette).astype(bool)
             self._sides[key] = side if min(side.sum(), (~side).sum()) >= MIN_SIDE_REPLIES else None
         return self._sides[key]
 

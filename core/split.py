@@ -114,16 +114,13 @@ def split_models(start: NDArray[np.floating], client_models: NDArray[np.floating
     return outcome.models[kept], outcome.models[1 - kept]
 
 
-def silhouette(similarity: NDArray[np.float64], labels: NDArray[np.int64],
-               weights: Optional[NDArray[np.floating]] = None) -> float:
+def silhouette(similarity: NDArray[np.float64], labels: NDArray[np.int64]) -> float:
     """Mean silhouette of a partition under the cosine distance ``1 − cos``, from the cosines ``(m, m)``.
 
     For each direction, ``a`` is its mean distance to the other members of its part and ``b`` the smallest
     mean distance to another part; its silhouette is ``(b − a) / max(a, b)`` (0 for a part of one, and where
     both distances are 0).  Kaufman and Rousseeuw's reading of the mean: above 0.5 a reasonable structure,
-    0.25–0.5 a weak one, below 0.25 none.  With ``weights`` (``(m,)``, e.g. the clients' capped sample counts)
-    the means over members and the mean of the silhouettes are weighted: a client's update direction from few
-    samples is noisy, and counts for its share of the data as in the aggregate.
+    0.25–0.5 a weak one, below 0.25 none.
     """
     labels = np.asarray(labels)
     parts = np.unique(labels)
@@ -131,31 +128,20 @@ def silhouette(similarity: NDArray[np.float64], labels: NDArray[np.int64],
         return 0.0
     rows = np.arange(len(labels))
     members = labels[None, :] == parts[:, None]                                   # (k, m)
+    sums = (1.0 - similarity) @ members.T                                         # (m, k)
     counts = members.sum(axis=1).astype(np.float64)                              # (k,)
     own = np.searchsorted(parts, labels)
     own_count = counts[own] - 1
-    if weights is None:
-        sums = (1.0 - similarity) @ members.T                                     # (m, k)
-        totals, own_total = counts, own_count
-    else:
-        weights = np.asarray(weights, dtype=np.float64)
-        weighted = members * weights[None, :]                                     # (k, m)
-        sums = (1.0 - similarity) @ weighted.T                                    # (m, k): weighted distance sums
-        totals = weighted.sum(axis=1)
-        own_total = totals[own] - weights                                         # the others of its part
-    a = np.divide(sums[rows, own], own_total, out=np.zeros(len(labels)), where=(own_count > 0) & (own_total > 0))
-    means = np.divide(sums, totals[None, :], out=np.zeros_like(sums), where=totals[None, :] > 0)
+    a = np.divide(sums[rows, own], own_count, out=np.zeros(len(labels)), where=own_count > 0)
+    means = sums / counts[None, :]
     means[rows, own] = np.inf
     b = means.min(axis=1)
     scale = np.maximum(a, b)
     values = np.divide(b - a, scale, out=np.zeros(len(labels)), where=(scale > 0) & (own_count > 0))
-    if weights is None:
-        return float(values.mean())
-    return float(np.sum(values * weights) / np.sum(weights)) if np.sum(weights) > 0 else 0.0
+    return float(values.mean())
 
 
-def spherical_kmeans(similarity: NDArray[np.float64], num_parts: int,
-                     weights: Optional[NDArray[np.floating]] = None) -> NDArray[np.int64]:
+def spherical_kmeans(similarity: NDArray[np.float64], num_parts: int) -> NDArray[np.int64]:
     """``num_parts`` parts of unit directions given by their cosines ``(m, m)``: spherical k-means, deterministic.
 
     The first centre is the medoid (the direction most similar to all others, ties to the lowest index), each
@@ -164,23 +150,12 @@ def spherical_kmeans(similarity: NDArray[np.float64], num_parts: int,
     parts stop changing (at most :data:`MAX_ITERATIONS` times).  Seeds keep their parts, so none is empty.
     The centres are never formed: a direction's cosine with a part's mean direction is its summed cosine with
     the part's members over the norm of their sum, so the cost is that of the cosines, whatever ``P``.
-    With ``weights`` (``(m,)``) the medoid is the most similar to all others weighted, each next centre the
-    direction that is farthest, ``w_i · (1 − cos)``, from the centres so far (a noisy direction of few samples
-    does not seed a part), and a part's centre is its members' weighted mean direction.
     """
-    if weights is None:
-        seeds = [int(np.argmax(similarity.sum(axis=1)))]
-        while len(seeds) < num_parts:
-            closest = similarity[:, seeds].max(axis=1)
-            closest[seeds] = np.inf
-            seeds.append(int(np.argmin(closest)))
-    else:
-        weights = np.asarray(weights, dtype=np.float64)
-        seeds = [int(np.argmax(similarity @ weights))]
-        while len(seeds) < num_parts:
-            farthest = (1.0 - similarity[:, seeds].max(axis=1)) * weights
-            farthest[seeds] = -np.inf
-            seeds.append(int(np.argmax(farthest)))
+    seeds = [int(np.argmax(similarity.sum(axis=1)))]
+    while len(seeds) < num_parts:
+        closest = similarity[:, seeds].max(axis=1)
+        closest[seeds] = np.inf
+        seeds.append(int(np.argmin(closest)))
     scores = similarity[:, seeds]                                                 # cosines with the seed centres
     labels = np.full(len(similarity), -1, dtype=np.int64)
     for _ in range(MAX_ITERATIONS):
@@ -190,21 +165,18 @@ def spherical_kmeans(similarity: NDArray[np.float64], num_parts: int,
             break
         labels = assigned
         members = (labels[None, :] == np.arange(num_parts)[:, None]).astype(np.float64)   # (k, m)
-        if weights is not None:
-            members = members * weights[None, :]
-        sums = similarity @ members.T                                             # (m, k): Σ_{j ∈ p} w_j cos(i, j)
+        sums = similarity @ members.T                                             # (m, k): Σ_{j ∈ p} cos(i, j)
         lengths = np.sqrt(np.maximum(np.einsum("pm,mn,pn->p", members, similarity, members), 0.0))
         scores = np.divide(sums, lengths[None, :], out=np.zeros_like(sums), where=lengths[None, :] > 0)
     return labels
 
 
-def partition(updates: NDArray[np.floating], max_parts: int, min_silhouette: float,
-              weights: Optional[NDArray[np.floating]] = None) -> NDArray[np.int64]:
+def partition(updates: NDArray[np.floating], max_parts: int, min_silhouette: float) -> NDArray[np.int64]:
     """Parts of the updates ``(m, P)`` by direction, as many as the structure shows (at most ``max_parts``).
 
     :func:`spherical_kmeans` for every number of parts ``k = 2 … min(max_parts, m − 1)``; the ``k`` whose
-    partition has the largest mean :func:`silhouette` (the smaller ``k`` on ties; both weighted by ``weights``,
-    ``(m,)``, when given) is taken if that silhouette is at least ``min_silhouette``, else one part.  Zero updates have no direction and join the part of the
+    partition has the largest mean :func:`silhouette` (the smaller ``k`` on ties) is taken if that silhouette
+    is at least ``min_silhouette``, else one part.  Zero updates have no direction and join the part of the
     first moving update.  Everything after the cosines ``(m, m)`` costs ``O(m²)``.  Deterministic.
 
     Returns
@@ -220,11 +192,10 @@ def partition(updates: NDArray[np.floating], max_parts: int, min_silhouette: flo
         return labels
     directions = updates[moving] / norms[moving]
     similarity = np.clip(directions @ directions.T, -1.0, 1.0)
-    moving_weights = None if weights is None else np.asarray(weights, dtype=np.float64)[moving]
     best_score, best = -np.inf, None
     for num_parts in range(2, min(max_parts, int(moving.sum()) - 1) + 1):
-        candidate = spherical_kmeans(similarity, num_parts, moving_weights)
-        score = silhouette(similarity, candidate, moving_weights)
+        candidate = spherical_kmeans(similarity, num_parts)
+        score = silhouette(similarity, candidate)
         if score > best_score:
             best_score, best = score, candidate
     if best is None or best_score < min_silhouette:

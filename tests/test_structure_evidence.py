@@ -8,8 +8,6 @@ have been read as one group for the patience.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from fedroute.core.federation import FederationState
@@ -48,42 +46,6 @@ def test_one_client_pointing_elsewhere_is_not_a_group() -> None:
     structure = _structure([0] * 5, [0] * 5, [[1.0, 0.1], [1.0, -0.1], [1.0, 0.0], [1.0, 0.05], [-0.2, 1.0]])
     assert structure.structure(0)[1].tolist() == [False, False, False]
     assert structure.structure(0)[0].tolist() == [True, False, False]
-
-
-def test_each_own_reply_counts_for_its_capped_samples_in_the_structure(monkeypatch) -> None:
-    """Two groups of four clients with 150 samples, and six clients with 8 whose updates are noise: counted for
-    their samples the groups part (the aggregate's capped weights); counted alike they do not.  An untrusted
-    count weighs no more than the cap."""
-    rng = np.random.default_rng(1)
-    directions = rng.standard_normal((2, 30))
-    own = np.vstack([directions[0] + 0.8 * rng.standard_normal((4, 30)),
-                     directions[1] + 0.8 * rng.standard_normal((4, 30)), 3.0 * rng.standard_normal((6, 30))])
-    counts = np.r_[np.full(8, 150.0), np.full(6, 8.0)]
-    replies = RoundReplies(rows=np.arange(14), routes=np.zeros(14, dtype=np.int64),
-                           preferred=np.zeros(14, dtype=np.int64), num_examples=counts,
-                           losses=np.ones((14, K)), trained_models=own)
-    kept = np.ones(14, dtype=bool)
-    weighted = _RoundStructure(np.zeros((K, 30)), replies, kept, InfluenceBounds(), SETTINGS, counts)
-    assert weighted.structure(0)[1].tolist() == [True, False, False]
-    sides = weighted.sides(0, 0)
-    assert len(set(sides[:4])) == 1 and len(set(sides[4:8])) == 1 and sides[0] != sides[4]
-    alike = _RoundStructure(np.zeros((K, 30)), replies, kept, InfluenceBounds(), SETTINGS, np.ones(14))
-    assert alike.structure(0)[1].tolist() == [False, False, False]
-    # The server step hands the structure the aggregate's weights: a claimed 10⁶ samples capped at 4 × the median.
-    seen = []
-    original = _RoundStructure.__init__
-
-    def spy(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        seen.append(self.weights)
-
-    monkeypatch.setattr(_RoundStructure, "__init__", spy)
-    claimed = counts.copy()
-    claimed[0] = 1e6
-    state = server_init(FederationState.of_clients(np.arange(14), K), 1, K)
-    server_step(np.zeros((K, 30)), state, replace(replies, num_examples=claimed), 0,
-                method_settings("exp3", num_clusters=K), Participation(), InfluenceBounds())
-    np.testing.assert_array_equal(seen[0], np.r_[4 * 150.0, claimed[1:]])
 
 
 def _reading(evaluated, parted):
