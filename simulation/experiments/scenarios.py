@@ -667,12 +667,18 @@ def _references(config: ScenarioConfig, sweep: Sweep) -> pd.DataFrame:
     jobs = [(name, config.cells(SCENARIOS[name])[start:start + config.chunk_size], config.rounds(SCENARIOS[name]))
             for name in config.scenarios
             for start in range(0, len(config.cells(SCENARIOS[name])), config.chunk_size)]
-    if sweep.runner is None:
-        tables = [_reference_rows(*job) for job in jobs]
+    return pd.DataFrame(_rows_on_workers(sweep, _reference_rows, jobs))
+
+
+def _rows_on_workers(sweep: Sweep, rows_of: Callable[..., list[dict[str, Any]]],
+                     jobs: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """``rows_of(*job)`` for every job, on the sweep's workers when it has a runner, the rows in job order."""
+    if sweep.runner is None or not jobs:
+        tables = [rows_of(*job) for job in jobs]
     else:
-        done = dict(sweep.runner.run(_reference_rows, jobs))
+        done = dict(sweep.runner.run(rows_of, jobs))
         tables = [done[index] for index in range(len(jobs))]
-    return pd.DataFrame([row for table in tables for row in table])
+    return [row for table in tables for row in table]
 
 
 def _reference_rows(name: str, cells: Sequence[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
@@ -706,12 +712,7 @@ def _shared_references(config: ScenarioConfig, sweep: Sweep, runs: pd.DataFrame)
             for start in range(0, len(part), config.chunk_size)]
     if sweep.progress and jobs:
         print(f"shared references (K < G): {len(partitions)} partitions of separated runs", flush=True)
-    if sweep.runner is None or not jobs:
-        tables = [_shared_reference_rows(*job) for job in jobs]
-    else:
-        done = dict(sweep.runner.run(_shared_reference_rows, jobs))
-        tables = [done[index] for index in range(len(jobs))]
-    return pd.DataFrame([row for table in tables for row in table], columns=list(SHARED_REFERENCES_COLUMNS))
+    return pd.DataFrame(_rows_on_workers(sweep, _shared_reference_rows, jobs), columns=list(SHARED_REFERENCES_COLUMNS))
 
 
 def _shared_reference_rows(name: str, rows: Sequence[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
