@@ -21,7 +21,7 @@ from fedroute.core.randomness import Purpose, uniform
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.task import ClientBatch
 
-__all__ = ["ClientRound", "client_round", "provisional_greedy_routes"]
+__all__ = ["ClientRound", "client_round", "local_training", "provisional_greedy_routes", "routed_has_copy"]
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,69 @@ def client_round(
     new_state, decision = agent_step(
         state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn, num_rounds, view
     )
-    rows = np.arange(len(decision.routes))
-    routed = cluster_models[rows, decision.routes] if cluster_models.ndim == 3 else cluster_models[decision.routes]
-    trained = clients.local_update(routed, rows, round_index)
+    trained = local_training(clients, cluster_models, decision.routes, round_index, settings)
     return ClientRound(state=new_state, decision=decision, losses=losses, trained_models=trained)
+
+
+def local_training(clients: ClientBatch, cluster_models: NDArray[np.floating], routes: NDArray[np.int64],
+                   round_index: int, settings: RoutingSettings) -> NDArray[np.floating]:
+    """Each client's routed model after the round's local training (``w_i^+``), shape (n, P).
+
+    One local update (the task's ``local_update``; in a user's ClientApp, their ``train_fn``) per round,
+    except for the *start probe*: in round 0, a client whose routed model has a copy among the broadcast
+    models — another model closer to it than the client's first update moved it, as far as its own
+    training can tell the same model — chains ``settings.start_updates`` updates in all.  The server parts
+    the replies of copies by their update direction (``split_copies``,
+    :func:`fedroute.core.server_step.copy_routes`); after one update that direction can follow the
+    client's own label mix more than its group's (Dirichlet label skew inside groups), while a longer run
+    from the shared start lets the group's direction build up (``docs/algorithm.md``, "The start probe").
+    Clients routed to a model with no copy (a random start), and every later round, train once.
+
+    Parameters
+    ----------
+    clients : ClientBatch
+    cluster_models : ndarray, shape (K, P) or (n, K, P)
+        The broadcast models.
+    routes : ndarray of int, shape (n,)
+        Each client's hard route.
+    round_index : int
+    settings : RoutingSettings
+
+    Returns
+    -------
+    ndarray, shape (n, P)
+    """
+    rows = np.arange(len(routes))
+    routed = cluster_models[rows, routes] if cluster_models.ndim == 3 else cluster_models[routes]
+    trained = clients.local_update(routed, rows, round_index)
+    if round_index != 0 or settings.start_updates <= 1 or not len(rows):
+        return trained
+    probing = np.flatnonzero(routed_has_copy(cluster_models, routes, routed, trained))
+    if not len(probing):
+        return trained
+    trained = np.array(trained, copy=True)
+    for _ in range(settings.start_updates - 1):
+        trained[probing] = clients.local_update(trained[probing], probing, round_index)
+    return trained
+
+
+def routed_has_copy(cluster_models: NDArray[np.floating], routes: NDArray[np.int64], routed: NDArray[np.floating],
+                    trained: NDArray[np.floating]) -> NDArray[np.bool_]:
+    """Per client: whether another broadcast model lies closer to its routed model than its update moved it.
+
+    ``min_{k ≠ r_i} ‖W_k − W_{r_i}‖ < ‖w_i^+ − W_{r_i}‖`` (an equal model always counts; with one model,
+    never), shape (n,).  Distances in float64.
+    """
+    routes = np.asarray(routes, dtype=np.int64)
+    num_clusters = np.shape(cluster_models)[-2]
+    start = np.asarray(routed, dtype=np.float64)
+    gaps = np.full((len(routes), num_clusters), np.inf)
+    for cluster in range(num_clusters):                                  # one (n, P) difference at a time
+        other = cluster_models[:, cluster] if np.ndim(cluster_models) == 3 else cluster_models[cluster]
+        gaps[:, cluster] = np.linalg.norm(np.asarray(other, dtype=np.float64) - start, axis=-1)
+    gaps[np.arange(len(routes)), routes] = np.inf
+    step = np.linalg.norm(np.asarray(trained, dtype=np.float64) - start, axis=1)
+    return (gaps.min(axis=1) == 0.0) | (gaps.min(axis=1) < step)
 
 
 def provisional_greedy_routes(

@@ -10,12 +10,15 @@ import numpy as np
 from fedroute.core.controllers import CONTROLLER_IDS
 from fedroute.core.validation import invalid
 
-__all__ = ["RoutingSettings", "EXP3_MODES", "EXPLORE_ON", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK"]
+__all__ = ["RoutingSettings", "EXP3_MODES", "EXPLORE_ON", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK",
+           "MAX_START_UPDATES"]
 
 EXP3_MODES = ("block", "action")
 EXPLORE_ON = ("always", "collapse")
 TIE_BREAKING = ("lowest", "random")
 MASS_THRESHOLD_UNITS = ("mass", "fair-share")
+MAX_START_UPDATES = 1000
+"""Largest ``start_updates``: a probe is a few dozen local updates, not a training run."""
 INCLUSIVE_SLACK = 1e-9
 """Rounding slack of an inclusive mass threshold: ``μ_k ≤ threshold + slack`` (``3/15 ≤ 0.6/3`` must hold)."""
 
@@ -140,6 +143,13 @@ class RoutingSettings:
         collapse sign, and every cluster that is not spare some client's best
         (:func:`fedroute.core.health.update_health`).  Without it only a round with no unwanted
         cluster is calm, and a small group's model whose reach flickers keeps the start exploring.
+    start_updates : int
+        Local updates (≥ 1) a client chains in round 0 when its routed model has a copy among the
+        broadcast models — another model closer to it than the client's first update moved it (a
+        warm start, ``K`` copies of one model): the *start probe* (:func:`fedroute.core.client_step.
+        local_training`).  ``split_copies`` parts those copies' replies by update direction; after one
+        update a client's direction can follow its own label mix more than its group, after a longer
+        run from the shared start the group's direction builds up.  ``1`` (presets): no probe.
     """
 
     num_clusters: int = 2
@@ -177,11 +187,13 @@ class RoutingSettings:
     split_copies: bool = False
     reseed_by_structure: bool = False
     split_silhouette: float = 0.25
+    start_updates: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
         for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds",
-                     "entry_max_candidates", "collapse_patience", "spare_patience", "duplicate_patience"):
+                     "entry_max_candidates", "collapse_patience", "spare_patience", "duplicate_patience",
+                     "start_updates"):
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
@@ -223,6 +235,8 @@ class RoutingSettings:
                and not isinstance(self.consolidation_loss_ratio, bool) and self.consolidation_loss_ratio >= 1.0,
                "consolidation_loss_ratio", self.consolidation_loss_ratio, "a number ≥ 1 (inf: no guard)")
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
+        _check(1 <= self.start_updates <= MAX_START_UPDATES, "start_updates", self.start_updates,
+               f"an integer in [1, {MAX_START_UPDATES}] (1: no start probe)")
         _check(0.0 <= self.split_silhouette <= 1.0, "split_silhouette", self.split_silhouette, "[0, 1]")
         _check(self.explore_on in EXPLORE_ON, "explore_on", self.explore_on, f"one of {EXPLORE_ON}")
         _check(self.collapse_patience >= 1, "collapse_patience", self.collapse_patience, "an integer ≥ 1")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, get_type_hints
 
 from fedroute.client.devices import check_device_name
-from fedroute.core.settings import RoutingSettings
+from fedroute.core.settings import MAX_START_UPDATES, RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
 from fedroute.core.aggregation import SERVER_UPDATES
 from fedroute.core.config_keys import dashed_keys
@@ -195,7 +195,8 @@ def _routing_value(config: Mapping[str, Any], key: str, kind: Any) -> Any:
     if kind is str:
         return str(value)
     if kind is int:
-        return _integer(config, key, 0 if key == "entry-max-candidates" else 1, MAX_ROUTING_INTEGER)
+        return _integer(config, key, 0 if key == "entry-max-candidates" else 1,
+                        MAX_START_UPDATES if key == "start-updates" else MAX_ROUTING_INTEGER)
     if kind is float:
         return _number(config, key, -sys.float_info.max, sys.float_info.max)
     raise TypeError(f"routing setting for run-config '{key}' has the type {kind}, which the run config cannot set")
