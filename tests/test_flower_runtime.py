@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -317,7 +317,7 @@ def test_malformed_replies_are_rejected_and_good_ones_aggregated(test_app, tmp_p
 # ------------------------------------------------- the generic default (issue 10)
 GENERIC_CONFIG = {
     "method": "all", "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS, "seed": 3, "preset": "generic",
-    "init": "copies", "block-length": BLOCK,
+    "init": "copies", "block-length": BLOCK, "start-updates": 3,
 }
 
 
@@ -329,7 +329,8 @@ def generic_run(flower_runs: Callable[[str], Path]) -> Path:
 def test_generic_default_flower_and_simulator_agree(generic_run: Path, repository: Path) -> None:
     """Random ties, the synchronized-entry block start and exploration on evidence (the server's health
     broadcast) take the same code path in both runtimes: identical routes every round and equal models, from
-    K identical copies."""
+    K identical copies; so does the start probe (``start-updates = 3``: round 0's clients on the copies chain
+    three local updates, in the ClientApp as in the simulator)."""
     settings = app_settings(GENERIC_CONFIG)
     routes = pd.read_csv(generic_run / "routes.csv")
     models = np.load(generic_run / "cluster_models.npz")
@@ -341,6 +342,9 @@ def test_generic_default_flower_and_simulator_agree(generic_run: Path, repositor
         np.testing.assert_array_equal(table.to_numpy(), history.routes, err_msg=method)
         flower_models = np.stack([models[f"{method}/cluster-{k}"] for k in range(2)])
         np.testing.assert_allclose(flower_models, history.cluster_models[-1], atol=1e-5, rtol=0)
+        assert routing.start_updates == 3
+        unprobed = simulate(settings.task, replace(routing, start_updates=1), NUM_ROUNDS, settings.seed)
+        assert np.abs(unprobed.cluster_models[-1] - flower_models).max() > 1e-3    # the probe changed the run
         assert set(table.loc[0]) == {0, 1}  # identical copies: random ties split the clients at t = 0
         # split-copies parts the copies' round-0 replies by update direction: each group on its own copy from
         # t = 1, no collapse sign, so every round is Greedy (explore-at-start is off in the generic default)

@@ -551,6 +551,7 @@ STUDY_VARIANTS: dict[str, dict[str, Any]] = {
     "no-reach": {"starving_needs_reach": False},
     "patience-5": {"collapse_patience": 5},
     "patience-20": {"collapse_patience": 20},
+    "start-probe-5": {"start_updates": 5},
 }
 """``--config study``: EXP3 variants compared on the development seeds (``method_settings(EXP3, **v)``;
 ``preset`` selects a paper configuration)."""
