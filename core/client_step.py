@@ -15,6 +15,7 @@ from numpy.typing import NDArray
 
 from fedroute.core.agent import AgentState, RoundDecision, agent_step
 from fedroute.core.controllers import greedy_routes
+from fedroute.core.copies import identical_pools
 from fedroute.core.entry import entry_benefits
 from fedroute.core.health import RoutingView
 from fedroute.core.randomness import Purpose, uniform
@@ -133,21 +134,17 @@ def local_training(clients: ClientBatch, cluster_models: NDArray[np.floating], r
 
 def routed_has_copy(cluster_models: NDArray[np.floating], routes: NDArray[np.int64], routed: NDArray[np.floating],
                     trained: NDArray[np.floating]) -> NDArray[np.bool_]:
-    """Per client: whether another broadcast model lies closer to its routed model than its update moved it.
+    """Per client: whether its routed model is a copy of another broadcast model as far as its update can tell.
 
-    ``min_{k ≠ r_i} ‖W_k − W_{r_i}‖ < ‖w_i^+ − W_{r_i}‖`` (an equal model always counts; with one model,
-    never), shape (n,).  Distances in float64.
+    Its route is in one of the :func:`~fedroute.core.copies.identical_pools` of its models within its update's
+    length ``‖w_i^+ − W_{r_i}‖`` — another model is equal, or closer to ``W_{r_i}`` than the update moved it
+    (with one model, never) — shape (n,).
     """
-    routes = np.asarray(routes, dtype=np.int64)
-    num_clusters = np.shape(cluster_models)[-2]
-    start = np.asarray(routed, dtype=np.float64)
-    gaps = np.full((len(routes), num_clusters), np.inf)
-    for cluster in range(num_clusters):                                  # one (n, P) difference at a time
-        other = cluster_models[:, cluster] if np.ndim(cluster_models) == 3 else cluster_models[cluster]
-        gaps[:, cluster] = np.linalg.norm(np.asarray(other, dtype=np.float64) - start, axis=-1)
-    gaps[np.arange(len(routes)), routes] = np.inf
-    step = np.linalg.norm(np.asarray(trained, dtype=np.float64) - start, axis=1)
-    return (gaps.min(axis=1) == 0.0) | (gaps.min(axis=1) < step)
+    steps = np.linalg.norm(np.asarray(trained, dtype=np.float64) - np.asarray(routed, dtype=np.float64), axis=1)
+    batched = np.ndim(cluster_models) == 3
+    return np.array([any(int(route) in pool
+                         for pool in identical_pools(cluster_models[row] if batched else cluster_models, float(step)))
+                     for row, (route, step) in enumerate(zip(routes, steps))], dtype=bool)
 
 
 def provisional_greedy_routes(

@@ -34,6 +34,7 @@ from fedroute.core.federation import FederationEstimate, FederationState, estima
 from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health, within_reach
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
+from fedroute.core.copies import identical_pools
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.split import partition, split_models
 
@@ -212,44 +213,6 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      structure.structure if settings.reseed_by_structure else None)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
-
-
-def identical_pools(models: NDArray[np.floating], within: float = 0.0) -> list[list[int]]:
-    """The clusters of one run whose models ``(K, P)`` are copies of each other, as lists of two or more indices.
-
-    Two models are copies when they are equal, or (``within > 0``) closer than ``within`` in L2 norm; the
-    pools are the connected groups of that relation (single linkage), each in index order.  The distances
-    come from one Gram matrix (``‖a − b‖² = ‖a‖² + ‖b‖² − 2 a·b``, accurate far below any update's norm);
-    equality is checked exactly.
-    """
-    models = np.asarray(models)
-    num_clusters = len(models)
-    flat = models.reshape(num_clusters, -1)
-    copies = np.zeros((num_clusters, num_clusters), dtype=bool)
-    first: dict[bytes, int] = {}
-    for cluster in range(num_clusters):                                  # exact copies: equal bytes
-        twin = first.setdefault(np.ascontiguousarray(flat[cluster]).tobytes(), cluster)
-        copies[cluster, twin] = copies[twin, cluster] = twin != cluster
-    if within > 0 and num_clusters > 1:
-        vectors = flat.astype(np.float64)
-        gram = vectors @ vectors.T
-        squares = np.diag(gram)
-        copies |= np.maximum(squares[:, None] + squares[None, :] - 2.0 * gram, 0.0) < within ** 2
-    np.fill_diagonal(copies, False)
-    parent = list(range(num_clusters))
-    for j, k in zip(*np.nonzero(np.triu(copies))):
-        root_j, root_k = _root(parent, int(j)), _root(parent, int(k))
-        parent[max(root_j, root_k)] = min(root_j, root_k)
-    pools: dict[int, list[int]] = {}
-    for cluster in range(num_clusters):
-        pools.setdefault(_root(parent, cluster), []).append(cluster)
-    return [pool for pool in pools.values() if len(pool) > 1]
-
-
-def _root(parent: list[int], node: int) -> int:
-    while parent[node] != node:
-        node = parent[node]
-    return node
 
 
 def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, settings: RoutingSettings,

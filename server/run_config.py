@@ -104,6 +104,8 @@ MAX_ROUNDS = 10**6
 MAX_NODES = 10**6
 MAX_SEED = 2**63 - 1
 MAX_ROUTING_INTEGER = 10**9
+_ROUTING_INTEGER_RANGES = {"entry-max-candidates": (0, MAX_ROUTING_INTEGER), "start-updates": (1, MAX_START_UPDATES)}
+"""Integer routing keys whose range is not ``[1, MAX_ROUTING_INTEGER]``."""
 
 
 SHOWN_LENGTH = 60
@@ -195,8 +197,7 @@ def _routing_value(config: Mapping[str, Any], key: str, kind: Any) -> Any:
     if kind is str:
         return str(value)
     if kind is int:
-        return _integer(config, key, 0 if key == "entry-max-candidates" else 1,
-                        MAX_START_UPDATES if key == "start-updates" else MAX_ROUTING_INTEGER)
+        return _integer(config, key, *_ROUTING_INTEGER_RANGES.get(key, (1, MAX_ROUTING_INTEGER)))
     if kind is float:
         return _number(config, key, -sys.float_info.max, sys.float_info.max)
     raise TypeError(f"routing setting for run-config '{key}' has the type {kind}, which the run config cannot set")

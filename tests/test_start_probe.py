@@ -92,7 +92,8 @@ def test_run_config_start_updates_reaches_the_routing_and_is_validated_naming_th
 
 
 def test_a_torch_client_chains_its_train_fn_on_a_warm_start_copy() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     from fedroute.client.torch_adapter import TorchClient
 
     torch.manual_seed(0)
