@@ -3,7 +3,8 @@
 ``fedroute reproduce scenarios`` (issue 10), declared with the experiment kit.  Every *scenario*
 (:data:`SCENARIOS`) is a task, a number of clusters ``K``, a horizon ``T`` and the starts it is run from
 (:func:`initial_models`: ``warm`` FedAvg copies, ``noisy`` copies, ``random`` models, the task's
-``collapsed`` start where it has one); every *cell* is ``{"scenario", "start", "seed"}``; Greedy IFCA and
+``collapsed`` start where it has one; ``--config signature-start`` adds the lab start ``signature``,
+:func:`signature_start`); every *cell* is ``{"scenario", "start", "seed"}``; Greedy IFCA and
 every other method (its generic default) run every cell from the same ``W^0`` in the batched simulator.
 A run is *separated* when the plurality of each group's controller-free held-out choices at its end (``W^T``;
 under partial participation the median over its last :data:`FINAL_WINDOW` rounds, :func:`final_rounds`) is a
@@ -35,6 +36,7 @@ from fedroute.core.fedcam import task_uses_output_sum
 from fedroute.core.influence import InfluenceBounds
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.signatures import signature_parts
 from fedroute.core.validation import invalid
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, StartedTask, Sweep, Variant, claim, greedy_of_cell, number,
@@ -55,7 +57,8 @@ from fedroute.core.participation import Participation, participating
 
 __all__ = ["Scenario", "SCENARIOS", "FAMILIES", "STARTS", "STUDY_VARIANTS", "ScenarioConfig", "StartedTask", "initial_models",
            "reference_losses", "cluster_reference_losses", "reduce_scenario", "scenario_claims", "RUNS_COLUMNS", "RATES_COLUMNS",
-           "REFERENCES_COLUMNS", "SHARED_REFERENCES_COLUMNS", "shared_reference_losses", "perturbation_ratios", "EXPERIMENT"]
+           "REFERENCES_COLUMNS", "SHARED_REFERENCES_COLUMNS", "shared_reference_losses", "perturbation_ratios", "EXPERIMENT",
+           "signature_start", "SIGNATURE_SCENARIOS"]
 
 RUNS_COLUMNS = ("method", "scenario", "start", "seed", "separated", "group_models", "group_losses", "routed_test_loss",
                 "eval_test_loss", "usable_models", "assignment_accuracy", "group_ratios", "worst_ratio", "converged",
@@ -90,7 +93,14 @@ HORIZON_TOLERANCE = 0.05
 end, :func:`final_rounds`)."""
 DEV_FIRST_SEED = 100
 """First development seed (the study behind the generic default); evaluation seeds start at 0."""
-STARTS = ("warm", "noisy", "random", "collapsed")
+STARTS = ("warm", "noisy", "random", "collapsed", "signature")
+SIGNATURE_HOLD_ROUNDS = 10
+"""Rounds the ``signature`` start trains each part's copy with that part alone (one round is not enough: the parts'
+clients drift back to the mixed state; docs/algorithm.md, "The suite")."""
+SIGNATURE_SCENARIOS = ("digits", "digits-skew", "boundaries-skew", "digits-minority", "digits-minority-noisy",
+                       "boundaries-minority-noisy", "digits-lognormal", "digits-poor")
+"""``--config signature-start``: the scenarios with every client every round and ``K = G`` (a partition into ``K``
+parts is a partition into the groups)."""
 
 
 # --------------------------------------------------------------------------- #
@@ -300,6 +310,9 @@ def _initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.flo
                               for k in range(num_clusters)])
             models = (models + scale * noise).astype(warm.dtype)
         return models
+    if start == "signature":
+        warm = fedavg_warm_start(task, _random_models(task, 1)[0], scenario.warm_rounds, seed)
+        return signature_start(task, warm, num_clusters)
     if start == "random":
         return np.array(_random_models(task, num_clusters))
     if start == "collapsed":
@@ -309,6 +322,27 @@ def _initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.flo
             return np.array(task.initial_models(num_clusters))
         raise ValueError(f"scenario {scenario.name!r} has no collapsed start")
     raise invalid("start", start, f"one of {STARTS}")
+
+
+def signature_start(task: Task, warm: NDArray[np.floating], num_clusters: int,
+                    hold_rounds: int = SIGNATURE_HOLD_ROUNDS) -> NDArray[np.floating]:
+    """``K`` copies of ``warm``, each trained ``hold_rounds`` rounds by one part of the clients alone, the clients
+    parted on the classes they share (:func:`fedroute.core.signatures.signature_parts` of their training inputs).
+
+    A lab start, not a routing rule: it reads every client's class-conditional input means, which a deployed
+    client does not send (docs/algorithm.md, "The suite").  Needs a classification task whose clients carry their
+    samples (``train_inputs``, ``train_labels``, ``train_weights``: the MLP tasks)."""
+    clients = task.clients(np.arange(task.num_clients))
+    if not all(hasattr(clients, name) for name in ("train_inputs", "train_labels", "train_weights", "num_classes")):
+        raise invalid("start", "signature", "a start of a classification task whose clients carry their samples "
+                      "(digits, boundaries and their scenarios)", "use the warm, noisy or random start")
+    inputs = np.asarray(clients.train_inputs)
+    parts = signature_parts(inputs.reshape(inputs.shape[0], inputs.shape[1], -1), clients.train_labels,
+                            clients.train_weights, clients.num_classes, num_clusters)
+    copies = np.repeat(np.asarray(warm)[None, None], num_clusters, axis=1)              # (1, K, P)
+    held = train_groups_alone(clients, np.zeros(task.num_clients, dtype=np.int64), copies, [hold_rounds], None,
+                              InfluenceBounds(), model_of_client=parts)
+    return np.asarray(held[hold_rounds][0], dtype=np.asarray(warm).dtype)
 
 
 def make_cell_task(cell: dict[str, Any]) -> StartedTask:
@@ -595,10 +629,15 @@ class ScenarioConfig(ExperimentConfig):
     short: bool = False
     chunk_size: int = 20
     name: str = "scenarios"
+    start_names: tuple[str, ...] = ()
+    """The starts every scenario runs from (each in :data:`STARTS`); empty: each scenario's own."""
 
     def validate(self) -> None:
         self.check([(GREEDY in self.methods and all(m in METHODS or m in self.variants for m in self.methods),
-                     "methods", self.methods, f"distinct names from {METHODS} or the variants, including {GREEDY!r}")])
+                     "methods", self.methods, f"distinct names from {METHODS} or the variants, including {GREEDY!r}"),
+                    (isinstance(self.start_names, tuple) and all(start in STARTS for start in self.start_names)
+                     and len(set(self.start_names)) == len(self.start_names),
+                     "start_names", self.start_names, f"distinct names of {STARTS}, or none (each scenario's own)")])
         for scenario in self.scenarios:
             for method in self.methods:
                 self.settings(method, SCENARIOS[scenario])  # validates every variant early
@@ -607,7 +646,8 @@ class ScenarioConfig(ExperimentConfig):
         return scenario.quick_rounds if self.short else scenario.rounds
 
     def starts(self, scenario: Scenario) -> tuple[str, ...]:
-        return scenario.starts[:1] if self.short else scenario.starts
+        starts = self.start_names or scenario.starts
+        return starts[:1] if self.short else starts
 
     def cells(self, scenario: Scenario) -> list[dict[str, Any]]:
         """``{"scenario", "start", "seed"}`` of one scenario, start-major."""
@@ -656,6 +696,14 @@ def study(config: ScenarioConfig) -> ScenarioConfig:
 # --------------------------------------------------------------------------- #
 # Running
 # --------------------------------------------------------------------------- #
+def signature_start_config(config: ScenarioConfig) -> ScenarioConfig:
+    """``--config signature-start``: Greedy and the generic default from the warm start and from the ``signature``
+    start (:func:`signature_start`) on :data:`SIGNATURE_SCENARIOS`, on the evaluation seeds: what a start that parts
+    the clients on the classes they share would give (a lab start; docs/algorithm.md, "The suite")."""
+    return replace(config, scenarios=SIGNATURE_SCENARIOS, start_names=("signature", "warm"),
+                   name="scenarios-signature-start")
+
+
 def all_methods(config: ScenarioConfig) -> ScenarioConfig:
     """``--config all-methods``: synchronized entry and FedCAM too (twice the cost of the default's table)."""
     return replace(config, methods=METHODS, name="scenarios-all-methods")
@@ -931,6 +979,9 @@ EXPERIMENT = register(Experiment(
                           results.methods[["method", *SHOWN, "recovery_rate", "no_harm_rate"]]],
     variants={"study": Variant("the study behind the generic default: its variants on the development seeds",
                                study, in_all=False),
+              "signature-start": Variant("the generic default and Greedy from a start that parts the clients on "
+                                         "the classes they share (a lab start), against the warm start",
+                                         signature_start_config, in_all=False),
               "all-methods": Variant("every method, synchronized entry and FedCAM included (the paper "
                                      "configuration runs the generic default against Greedy)", all_methods,
                                      in_all=False)},

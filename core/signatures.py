@@ -1,0 +1,158 @@
+"""Clients compared on the classes they share: a partition of the clients that label skew does not drive.
+
+Under label skew inside groups (every client of a group holding its own mix of the classes), each
+client-level signal we measured follows the client's label mix more than its group: its update
+direction, its losses over the models, the mean of its inputs (docs/algorithm.md, "The suite").  What
+a group shares is what each class *looks like* — not which classes a client holds.  So a client's
+signature is per class (:func:`class_means`): the mean feature vector of its samples of class ``y``;
+two clients are compared only on the classes both hold, each class's means centred over the clients
+that hold it (:func:`shared_class_similarity`); and a spectral partition of that similarity
+(:func:`spectral_parts`) parts the clients.
+
+Pure, deterministic numpy functions (no random draw), for a batch of clients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.core.validation import invalid
+
+__all__ = ["MIN_CLASS_SAMPLES", "class_means", "shared_class_similarity", "spectral_parts", "signature_parts"]
+
+MIN_CLASS_SAMPLES = 2
+"""Samples of a class a client needs for its mean of that class to count (one sample is not a mean)."""
+
+KMEANS_ITERATIONS = 50
+"""Assignment/centroid iterations of the k-means on the spectral embedding (it settles in a few)."""
+
+
+def class_means(features: NDArray[np.floating], labels: NDArray[np.integer], weights: NDArray[np.floating],
+                num_classes: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Every client's mean feature vector per class, and how many of its samples each class has.
+
+    Parameters
+    ----------
+    features : ndarray, shape (n, S, F)
+        ``S`` sample slots per client (padded); the features of each sample (e.g. its flattened inputs).
+    labels : ndarray of int, shape (n, S)
+        Class of each sample, in ``[0, num_classes)``.
+    weights : ndarray, shape (n, S)
+        A sample counts where its weight is positive (padding has weight 0).
+    num_classes : int
+        ``C``.
+
+    Returns
+    -------
+    means : ndarray, shape (n, C, F)
+        Mean features of the client's samples of each class (0 where it has none).
+    counts : ndarray of int, shape (n, C)
+        Samples of each class.
+    """
+    features = np.asarray(features, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.int64)
+    present = np.asarray(weights) > 0
+    if features.ndim != 3 or labels.shape != features.shape[:2] or present.shape != labels.shape:
+        raise ValueError(f"features must be (n, S, F) with labels and weights (n, S); got {features.shape}, "
+                         f"{labels.shape}, {present.shape}")
+    if np.any(present & ((labels < 0) | (labels >= num_classes))):
+        raise invalid("labels", sorted(set(labels[present].tolist()) - set(range(num_classes)))[:5],
+                      f"integers in [0, {num_classes - 1}]")
+    one_hot = (labels[..., None] == np.arange(num_classes)) & present[..., None]          # (n, S, C)
+    counts = one_hot.sum(axis=1).astype(np.int64)                                          # (n, C)
+    sums = np.einsum("nsc,nsf->ncf", one_hot.astype(np.float64), features)
+    means = np.divide(sums, counts[..., None], out=np.zeros_like(sums), where=counts[..., None] > 0)
+    return means, counts
+
+
+def shared_class_similarity(means: NDArray[np.floating], counts: NDArray[np.integer],
+                            min_samples: int = MIN_CLASS_SAMPLES) -> NDArray[np.float64]:
+    """Similarity of every pair of clients on the classes both hold: ``(n, n)``, in ``[−1, 1]``.
+
+    A client holds class ``y`` when it has at least ``min_samples`` samples of it.  Each class's means are
+    centred by their average over the clients that hold it (what the class looks like in every group
+    drops out), then normalised; two clients' similarity is the mean cosine of their centred means over
+    the classes both hold, 0 where they share none.  The diagonal is 1 for a client that holds a class.
+    """
+    means = np.asarray(means, dtype=np.float64)
+    holds = np.asarray(counts) >= min_samples                                               # (n, C)
+    held = holds.sum(axis=0)                                                                # (C,)
+    centre = np.divide((means * holds[..., None]).sum(axis=0), held[:, None],
+                       out=np.zeros(means.shape[1:]), where=held[:, None] > 0)              # (C, F)
+    centred = (means - centre[None]) * holds[..., None]
+    norms = np.linalg.norm(centred, axis=2, keepdims=True)
+    unit = np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 0)
+    cosines = np.einsum("icf,jcf->ij", unit, unit)                                          # summed over classes
+    shared = holds.astype(np.float64) @ holds.T.astype(np.float64)                          # classes both hold
+    return np.divide(cosines, shared, out=np.zeros_like(cosines), where=shared > 0)
+
+
+def spectral_parts(similarity: NDArray[np.floating], num_parts: int) -> NDArray[np.int64]:
+    """A ``num_parts``-way partition of the clients by their similarity (normalised spectral clustering).
+
+    The affinity is the similarity with negative values cut to 0 and the diagonal removed; the clients are
+    embedded by the eigenvectors of the ``num_parts`` smallest eigenvalues of the normalised Laplacian (rows
+    normalised), and k-means in that embedding parts them: the first centre is the client farthest from the
+    embedding's mean, each next one the client farthest from the centres so far (ties to the lowest index),
+    then assignment and centroid steps until the parts stop changing.  Parts are numbered in the order of
+    their first client.  Deterministic.
+
+    Parameters
+    ----------
+    similarity : ndarray, shape (n, n), symmetric
+    num_parts : int
+        In ``[1, n]``.
+
+    Returns
+    -------
+    ndarray of int, shape (n,)
+    """
+    similarity = np.asarray(similarity, dtype=np.float64)
+    n = len(similarity)
+    if similarity.shape != (n, n):
+        raise ValueError(f"similarity must be square (n, n), got shape {similarity.shape}")
+    if not 1 <= num_parts <= n:
+        raise invalid("num_parts", num_parts, f"an integer in [1, {n}] (the number of clients)")
+    if num_parts == 1:
+        return np.zeros(n, dtype=np.int64)
+    affinity = np.maximum((similarity + similarity.T) / 2, 0.0)
+    np.fill_diagonal(affinity, 0.0)
+    degree = affinity.sum(axis=1)
+    scale = np.divide(1.0, np.sqrt(degree), out=np.zeros(n), where=degree > 0)
+    laplacian = np.eye(n) - scale[:, None] * affinity * scale[None, :]
+    _, vectors = np.linalg.eigh(laplacian)
+    embedding = vectors[:, :num_parts]
+    norms = np.linalg.norm(embedding, axis=1, keepdims=True)
+    embedding = np.divide(embedding, norms, out=np.zeros_like(embedding), where=norms > 0)
+    labels = _kmeans(embedding, num_parts)
+    _, first = np.unique(labels, return_index=True)
+    order = np.argsort(np.argsort(first))
+    return order[labels].astype(np.int64)
+
+
+def _kmeans(points: NDArray[np.float64], num_parts: int) -> NDArray[np.int64]:
+    """k-means with farthest-first seeding (the first seed the point farthest from the mean)."""
+    seeds = [int(np.argmax(np.linalg.norm(points - points.mean(axis=0), axis=1)))]
+    while len(seeds) < num_parts:
+        distance = np.min(np.linalg.norm(points[:, None, :] - points[seeds][None], axis=2), axis=1)
+        distance[seeds] = -1.0
+        seeds.append(int(np.argmax(distance)))
+    centres = points[seeds]
+    labels = np.full(len(points), -1, dtype=np.int64)
+    for _ in range(KMEANS_ITERATIONS):
+        new = np.argmin(np.linalg.norm(points[:, None, :] - centres[None], axis=2), axis=1).astype(np.int64)
+        if np.array_equal(new, labels):
+            break
+        labels = new
+        centres = np.stack([points[labels == part].mean(axis=0) if np.any(labels == part) else centres[part]
+                            for part in range(num_parts)])
+    return labels
+
+
+def signature_parts(features: NDArray[np.floating], labels: NDArray[np.integer], weights: NDArray[np.floating],
+                    num_classes: int, num_parts: int) -> NDArray[np.int64]:
+    """The clients parted on the classes they share: :func:`class_means`, :func:`shared_class_similarity`,
+    :func:`spectral_parts`."""
+    means, counts = class_means(features, labels, weights, num_classes)
+    return spectral_parts(shared_class_similarity(means, counts), num_parts)
