@@ -18,7 +18,7 @@ def _skewed_batch(per_class: int = 5, noise: float = 0.05):
     looks = rng.standard_normal((2, 4, 6))                          # (group, class, feature)
     mixes = [{0: 4 * per_class, 1: per_class, 2: per_class}, {1: per_class, 2: per_class, 3: 4 * per_class}]
     features, labels = [], []
-    for client, (group, mix) in enumerate([(0, mixes[0]), (0, mixes[1]), (1, mixes[0]), (1, mixes[1])]):
+    for group, mix in [(0, mixes[0]), (0, mixes[1]), (1, mixes[0]), (1, mixes[1])]:
         ys = np.concatenate([np.full(count, y) for y, count in mix.items()])
         features.append(looks[group, ys] + noise * rng.standard_normal((len(ys), 6)))
         labels.append(ys)
@@ -114,7 +114,7 @@ def test_the_signature_start_configuration_runs_warm_and_signature_on_its_scenar
         S.ScenarioConfig(start_names=("warm", "sunny"))
 
 
-def test_a_suite_from_the_signature_start_separates_the_label_skewed_groups(tmp_path):
+def test_a_suite_from_the_signature_start_separates_the_label_skewed_groups():
     # boundaries-skew, development seeds, the quick horizon: from the warm start Greedy and the default stay mixed
     # in most runs (docs/algorithm.md); from the signature start every group ends on its own model.
     config = S.ScenarioConfig(scenarios=("boundaries-skew",), seeds=2, first_seed=100, short=True,

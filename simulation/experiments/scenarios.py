@@ -310,9 +310,8 @@ def _initial_models(scenario: Scenario, start: str, seed: int) -> NDArray[np.flo
                               for k in range(num_clusters)])
             models = (models + scale * noise).astype(warm.dtype)
         return models
-    if start == "signature":
-        warm = fedavg_warm_start(task, _random_models(task, 1)[0], scenario.warm_rounds, seed)
-        return signature_start(task, warm, num_clusters)
+    if start == "signature":   # the warm start's model, cached: a cell run from both starts trains it once
+        return signature_start(task, initial_models(scenario, "warm", seed)[0], num_clusters)
     if start == "random":
         return np.array(_random_models(task, num_clusters))
     if start == "collapsed":
