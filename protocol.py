@@ -63,6 +63,14 @@ TASK_NUM_CLIENTS = "task.num-clients"
 """The number of clients the ServerApp chose (run-config ``num-clients``, or the federation's size when it is
 ``"auto"``): the ClientApp builds its data with it, so that every node and the server agree."""
 
+SIGNATURE_ORDERS = "signature-orders"
+"""A per-node ``ConfigRecord`` of a ``TRAIN`` message under the signature start (:mod:`fedroute.core.signature_start`):
+:data:`HELD_ROUTE` and :data:`SEND_SIGNATURE`."""
+HELD_ROUTE = "held-route"
+"""The cluster the client trains this round (``-1``: route as the method says)."""
+SEND_SIGNATURE = "send-signature"
+"""Whether the client sends its signature (:data:`SIGNATURE_MEANS`, :data:`SIGNATURE_COUNTS`) with its reply."""
+
 # Phases.
 PHASE_TRAIN = "train"
 PHASE_PROVISIONAL = "provisional"
@@ -89,6 +97,11 @@ ROUNDS_PLAYED = "rounds-played"
 PREFERRED = "preferred"
 """The client's Greedy choice of the round (its lowest-loss cluster, ties broken as its Greedy breaks them)."""
 EXP3_LOG_WEIGHTS = "exp3-log-weights"
+SIGNATURE_MEANS = "signature-means"
+"""The signature start: the client's sketched class means, ``C × d`` numbers class-major
+(:func:`fedroute.core.signatures.sketched_signatures`), sent when its orders ask for it."""
+SIGNATURE_COUNTS = "signature-counts"
+"""The signature start: the client's samples of each of the ``C`` classes."""
 TRAIN_LOSSES = "train-losses"
 TEST_LOSSES = "test-losses"
 GROUP = "group"

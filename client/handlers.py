@@ -35,8 +35,9 @@ from fedroute.core.fedcam import combined_models, fedcam_client_round, fedcam_lo
 from fedroute.core.client_step import client_round, provisional_greedy_routes
 from fedroute.core.methods import ALGORITHM_LOCAL
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.signature_start import sent_signatures
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
-from fedroute.client.received import cluster_models, global_part, is_identification, message_config, \
+from fedroute.client.received import cluster_models, global_part, is_identification, message_config, received_orders, \
     received_view, routing_config
 from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
@@ -147,8 +148,9 @@ def routing_reply(message: Message, context: Context, got: Received) -> Message:
     every_round = float(config.get(protocol.SAMPLED_FRACTION, 1.0)) >= 1.0
     state = load_agent_state(context, run_key, settings, round_index, client_id, directory, every_round)
     num_rounds = int(config[protocol.NUM_ROUNDS]) if protocol.NUM_ROUNDS in config else None
+    held, send_signature = received_orders(message, settings.num_clusters)
     result = client_round(clients, state, settings, got.models, masses, round_index, int(config[protocol.SEED]),
-                          num_rounds, received_view(config, settings.num_clusters))
+                          num_rounds, received_view(config, settings.num_clusters), held)
     save_agent_state(context, run_key, result.state, round_index, client_id, directory)
     decision = result.decision
     trained = protocol.unflatten_arrays(result.trained_models[0], got.template)
@@ -166,7 +168,23 @@ def routing_reply(message: Message, context: Context, got: Received) -> Message:
         protocol.ROUNDS_PLAYED: int(result.state.rounds_played[0]),
         protocol.PREFERRED: int(decision.preferred[0]),
         protocol.EXP3_LOG_WEIGHTS: [float(v) for v in result.state.exp3_log_weights[0]],
+        **(signature_reply(clients, settings.signature_dim, int(config[protocol.SEED])) if send_signature else {}),
     }, array_record(trained), getattr(clients, "train_metrics", None))
+
+
+def signature_reply(clients: ClientBatch, dim: int, seed: int) -> dict[str, list[float]]:
+    """The signature start's metrics of a one-client batch: its own ``signature(dim, seed)`` (a
+    :class:`~fedroute.client.torch_adapter.TorchClient` with ``signature_data``), else the task's samples'
+    (:func:`fedroute.core.signature_start.sent_signatures`, the simulator's function)."""
+    own = getattr(clients, "signature", None)
+    if callable(own):
+        means, counts = own(dim, seed)
+    else:
+        sent = sent_signatures(clients, np.ones(1, dtype=bool), np.array([seed]), dim)
+        assert sent is not None
+        means, counts = sent.means[0], sent.counts[0]
+    return {protocol.SIGNATURE_MEANS: [float(v) for v in np.ravel(means)],
+            protocol.SIGNATURE_COUNTS: [float(v) for v in np.ravel(counts)]}
 
 
 def fedcam_reply(message: Message, context: Context, got: Received) -> Message:

@@ -33,7 +33,7 @@ those of :func:`fedroute.core.client_step.client_round`.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from flwr.app import Context, Message
@@ -64,6 +64,8 @@ def routing_train(
     *,
     client_id: Optional[int] = None,
     batched: bool | str = "auto",
+    signature_data: Any = None,
+    num_classes: Optional[int] = None,
 ) -> Message:
     """One routing round of this client: the reply to a ``TRAIN`` message of ClusteredRouting.
 
@@ -106,6 +108,10 @@ def routing_train(
         back to the loop.  One pass each is :meth:`~fedroute.client.batched_losses.DataLoss.each`
         (the models as ``functional_call`` states, not loaded into ``model``).  A plain function
         ``loss_fn`` always runs once per model, each model loaded.
+    signature_data, num_classes : optional
+        Needed when the server runs the signature start (``signature-hold-rounds > 0``): the client's
+        labelled training batches ``(inputs, labels)`` (or a function returning them) and the number of
+        classes (:class:`~fedroute.client.torch_adapter.TorchClient`).  Sent once, sketched.
 
     Returns
     -------
@@ -126,7 +132,8 @@ def routing_train(
     """
     def make_client(config: dict) -> TorchClient:
         return TorchClient(model, loss_fn, train_fn, num_examples=num_examples,
-                           client_id=_client_id(context, client_id), batched=batched)
+                           client_id=_client_id(context, client_id), batched=batched,
+                           signature_data=signature_data, num_classes=num_classes)
 
     return handle_train(message, context, make_client, check_layout=True)
 

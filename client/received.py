@@ -17,7 +17,8 @@ from fedroute.core.health import RoutingView
 from fedroute.core.task import ClientBatch
 from fedroute.strategies.records import decode_array
 
-__all__ = ["message_config", "routing_config", "cluster_models", "global_part", "received_view", "is_identification"]
+__all__ = ["message_config", "routing_config", "cluster_models", "global_part", "received_view", "is_identification",
+           "received_orders"]
 
 
 def is_identification(message: Message) -> bool:
@@ -87,3 +88,16 @@ def received_view(config: dict[str, Any], num_clusters: int) -> Optional[Routing
         raise ValueError(f"the message's '{protocol.MERGED_INTO}'/'{protocol.SPARE}' do not describe "
                          f"{num_clusters} clusters")
     return RoutingView(explore=np.array([bool(config[protocol.EXPLORE])]), merged_into=merged, spare=spare)
+
+
+def received_orders(message: Message, num_clusters: int) -> tuple[Optional[np.ndarray], bool]:
+    """The signature start's orders in a ``TRAIN`` message: the held route as a one-client array (None: free) and
+    whether to send the signature; ``(None, False)`` when the message has none."""
+    records = message.content.config_records
+    if protocol.SIGNATURE_ORDERS not in records:
+        return None, False
+    orders = dict(records[protocol.SIGNATURE_ORDERS].items())
+    held = orders.get(protocol.HELD_ROUTE, -1)
+    if isinstance(held, bool) or not isinstance(held, int) or not -1 <= held < num_clusters:
+        raise ValueError(f"the message's '{protocol.HELD_ROUTE}' = {held!r} is not a cluster in [-1, {num_clusters - 1}]")
+    return (None if held < 0 else np.array([held], dtype=np.int64)), bool(orders.get(protocol.SEND_SIGNATURE, False))

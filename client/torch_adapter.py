@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from fedroute.core.signatures import labelled_signature
 from fedroute.core.validation import invalid
 
 __all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "cluster_models_to_torch",
@@ -42,6 +43,11 @@ MetricsFunction = Callable[[torch.nn.Module], Mapping[str, float]]
 """``train_fn(model) -> None | float | dict``: local training of ``model`` in place; it may return metrics
 (a dict or ``MetricRecord`` of numbers or lists of numbers, e.g. ``{"train_loss": 0.31}``; a number is its
 loss, ``{"train_loss": number}``), which the strategy averages per cluster as ``FedAvg`` does."""
+
+
+def _as_numpy(value: Any) -> NDArray:
+    """A tensor (any device) or array-like as a numpy array."""
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
 def module_arrays(module: torch.nn.Module) -> dict[str, NDArray]:
@@ -277,6 +283,13 @@ class TorchClient:
     metrics_fn : callable, optional
         ``metrics_fn(model) -> {name: number}`` (e.g. ``{"accuracy": 0.93}``), the user's
         evaluation metrics of one model; :meth:`metrics` calls it on each model.
+    signature_data : iterable or callable, optional
+        For the signature start (run-config ``signature-hold-rounds > 0``): the client's labelled
+        training data as ``(inputs, labels)`` batches (e.g. its ``DataLoader`` of tuples), or a
+        function returning them (e.g. ``lambda: ((b["img"], b["label"]) for b in loader)`` for
+        dict batches).  Read once per request, on the CPU (:meth:`signature`).
+    num_classes : int, optional
+        The task's number of classes (labels in ``[0, num_classes)``), with ``signature_data``.
     """
 
     def __init__(
@@ -291,6 +304,8 @@ class TorchClient:
         test_loss_fn: Optional[LossFunction] = None,
         batched: bool | str = "auto",
         metrics_fn: Optional[MetricsFunction] = None,
+        signature_data: Any = None,
+        num_classes: Optional[int] = None,
     ) -> None:
         if isinstance(num_examples, bool) or not float(num_examples) > 0:
             raise invalid("num_examples", num_examples, "a number > 0")
@@ -304,6 +319,10 @@ class TorchClient:
             raise invalid("batched", batched, "True, False or 'auto'")
         self.batched = batched
         self.metrics_fn = metrics_fn
+        if signature_data is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+                                           or num_classes < 1):
+            raise invalid("num_classes", num_classes, "an integer ≥ 1 with signature_data (the task's classes)")
+        self.signature_data, self.num_classes = signature_data, num_classes
         self.client_ids = np.array([int(client_id)], dtype=np.int64)
         self.groups = np.array([int(group)], dtype=np.int64)
         self.num_examples = np.array([num_examples])
@@ -316,6 +335,24 @@ class TorchClient:
         """What the latest ``train_fn`` call returned (:func:`train_metrics_of`).  In a routing round the
         routed model is trained last (entry-test probes come first), so after the round it is the routed
         model's."""
+
+    def signature(self, dim: int, seed: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The client's sketched signature ``(C, d)`` and class counts ``(C,)`` from ``signature_data``
+        (:func:`fedroute.core.signatures.labelled_signature`).
+
+        Raises
+        ------
+        ValueError
+            Without ``signature_data``: the server runs the signature start, so the client must pass it.
+        """
+        if self.signature_data is None or self.num_classes is None:
+            raise invalid("signature_data", None, "the client's (inputs, labels) batches and num_classes",
+                          "the server runs the signature start (signature-hold-rounds > 0): pass signature_data and "
+                          "num_classes to routing_train, or set signature-hold-rounds = 0")
+        data = self.signature_data() if callable(self.signature_data) else self.signature_data
+        batches = ((_as_numpy(inputs), _as_numpy(labels)) for inputs, labels in data)
+        means, counts = labelled_signature(batches, self.num_classes, dim, seed)
+        return means[0], counts[0]
 
     # ------------------------------------------------------------ conversions
     @property

@@ -207,6 +207,7 @@ def agent_step(
     benefit_fn: Optional[BenefitFunction] = None,
     num_rounds: Optional[int] = None,
     view: Optional[RoutingView] = None,
+    held_routes: Optional[NDArray[np.int64]] = None,
 ) -> tuple[AgentState, RoundDecision]:
     """One routing round for a batch of clients: the phases below, in order (module docstring).
 
@@ -239,6 +240,10 @@ def agent_step(
         clusters merged into a twin (skipped by the Greedy choice).  ``None`` before
         any report: under ``explore_on = "collapse"`` the start explores (nothing is known
         yet), no merges.
+    held_routes : ndarray of int, shape (n,), optional
+        The signature start's holds (:func:`fedroute.core.signature_start.held_routes`): a client with a
+        route ``≥ 0`` trains that cluster this round (an exploitation step on it: no arm, no EXP3 update;
+        its Greedy choice is still reported); ``-1`` (or None for all): the round as usual.
 
     Returns
     -------
@@ -247,6 +252,9 @@ def agent_step(
     """
     losses = _checked_losses(losses, settings)
     client_ids = np.asarray(client_ids, dtype=np.int64)
+    if held_routes is not None and np.any(np.asarray(held_routes) >= 0):
+        return _hold_where(state, settings, losses, previous_masses, round_index, client_ids, seed, benefit_fn,
+                           num_rounds, view, np.asarray(held_routes, dtype=np.int64))
     tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
                     if settings.tie_breaking == "random" else None)
     greedy_choice, preferred = greedy_choices(losses, settings, view, tie_uniforms)
@@ -546,17 +554,52 @@ def _explore_where(
     if not exploring.any():
         return exploited_state, exploited
     rows = np.flatnonzero(exploring)
-    part_masses = None if previous_masses is None else np.broadcast_to(previous_masses, losses.shape)[rows]
-    part_seed = seed if np.ndim(seed) == 0 else np.asarray(seed)[rows]
     part_view = RoutingView(explore=np.ones(len(rows), dtype=bool), merged_into=view.merged_into[rows],
                             spare=view.spare[rows])
-    part_benefit = None if benefit_fn is None else _rows_benefit(benefit_fn, rows, len(exploring))
+    return _step_rows(exploited_state, exploited, rows, part_view, state, settings, losses, previous_masses,
+                      round_index, client_ids, seed, benefit_fn, num_rounds)
+
+
+def _hold_where(
+    state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
+    previous_masses: Optional[NDArray[np.float64]], round_index: int, client_ids: NDArray[np.int64],
+    seed: int | NDArray[np.int64], benefit_fn: Optional[BenefitFunction], num_rounds: Optional[int],
+    view: Optional[RoutingView], held_routes: NDArray[np.int64],
+) -> tuple[AgentState, RoundDecision]:
+    """The signature start's hold: held clients exploit their held route, the others take the usual step."""
+    if held_routes.shape != (len(losses),) or np.any(held_routes >= losses.shape[1]):
+        raise ValueError(f"held_routes must be {len(losses)} routes in [-1, {losses.shape[1] - 1}]; got "
+                         f"{held_routes.tolist()[:5]}")
+    tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
+                    if settings.tie_breaking == "random" else None)
+    _, preferred = greedy_choices(losses, settings, view, tie_uniforms)
+    held = held_routes >= 0
+    held_state, decision = _exploit(state, losses, np.where(held, held_routes, 0), preferred)
+    if held.all():
+        return held_state, decision
+    rows = np.flatnonzero(~held)
+    part_view = None if view is None else RoutingView(explore=view.explore[rows], merged_into=view.merged_into[rows],
+                                                      spare=view.spare[rows])
+    return _step_rows(held_state, decision, rows, part_view, state, settings, losses, previous_masses, round_index,
+                      client_ids, seed, benefit_fn, num_rounds)
+
+
+def _step_rows(
+    base_state: AgentState, base: RoundDecision, rows: NDArray[np.int64], part_view: Optional[RoutingView],
+    state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
+    previous_masses: Optional[NDArray[np.float64]], round_index: int, client_ids: NDArray[np.int64],
+    seed: int | NDArray[np.int64], benefit_fn: Optional[BenefitFunction], num_rounds: Optional[int],
+) -> tuple[AgentState, RoundDecision]:
+    """``base`` (an exploitation of every client) with the clients ``rows`` taking the usual :func:`agent_step`
+    instead, on their own rows of everything (``part_view``: their view)."""
+    part_masses = None if previous_masses is None else np.broadcast_to(previous_masses, losses.shape)[rows]
+    part_seed = seed if np.ndim(seed) == 0 else np.asarray(seed)[rows]
+    part_benefit = None if benefit_fn is None else _rows_benefit(benefit_fn, rows, len(losses))
     part_state, part = agent_step(state.select(rows), settings, losses[rows], part_masses, round_index,
                                   client_ids[rows], part_seed, part_benefit, num_rounds, part_view)
-    merged_state = exploited_state.scatter(rows, part_state)
-    decision = RoundDecision(**{name: _scatter(getattr(exploited, name), rows, getattr(part, name))
-                                for name in RoundDecision.__dataclass_fields__})
-    return merged_state, decision
+    merged = RoundDecision(**{name: _scatter(getattr(base, name), rows, getattr(part, name))
+                              for name in RoundDecision.__dataclass_fields__})
+    return base_state.scatter(rows, part_state), merged
 
 
 def _rows_benefit(benefit_fn: BenefitFunction, rows: NDArray[np.int64], num_clients: int) -> BenefitFunction:

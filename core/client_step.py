@@ -49,6 +49,7 @@ def client_round(
     seed: int | NDArray[np.int64],
     num_rounds: Optional[int] = None,
     view: Optional[RoutingView] = None,
+    held_routes: Optional[NDArray[np.int64]] = None,
 ) -> ClientRound:
     """Run round ``t`` of docs/algorithm.md, rules §2 step 2 for every client of the batch.
 
@@ -73,6 +74,8 @@ def client_round(
     view : RoutingView, optional
         The server's report after the previous round, one row per client (exploration on or
         off, merged duplicates: :mod:`fedroute.core.health`).
+    held_routes : ndarray of int, shape (n,), optional
+        The signature start's holds (``-1``: free; :func:`fedroute.core.signature_start.held_routes`).
 
     Returns
     -------
@@ -84,8 +87,8 @@ def client_round(
         return entry_benefits(cluster_models, candidate_mask, greedy_choice, clients.local_update, round_index)
 
     new_state, decision = agent_step(
-        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn, num_rounds, view
-    )
+        state, settings, losses, previous_masses, round_index, clients.client_ids, seed, benefit_fn, num_rounds, view,
+        held_routes)
     trained = local_training(clients, cluster_models, decision.routes, round_index, settings)
     return ClientRound(state=new_state, decision=decision, losses=losses, trained_models=trained)
 

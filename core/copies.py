@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["identical_pools"]
+__all__ = ["identical_pools", "assigned_copies"]
 
 
 def identical_pools(models: NDArray[np.floating], within: float = 0.0) -> list[list[int]]:
@@ -50,3 +50,18 @@ def _root(parent: list[int], node: int) -> int:
     while parent[node] != node:
         node = parent[node]
     return node
+
+
+def assigned_copies(labels: NDArray[np.int64], routes: NDArray[np.int64], weights: NDArray[np.float64],
+                     pool: list[int]) -> NDArray[np.int64]:
+    """The copy each part trains: heaviest part first (ties to the lower part), to the free copy its members
+    routed the most weight to (ties to the lower index); shape (number of parts,).  ``routes`` of ``-1`` (no
+    route) count for no copy.  Used by the server's copy split and the signature start."""
+    num_parts = int(labels.max()) + 1
+    part_weight = np.bincount(labels, weights=weights, minlength=num_parts)
+    target = np.full(num_parts, -1, dtype=np.int64)
+    free = list(pool)
+    for part in sorted(range(num_parts), key=lambda p: (-part_weight[p], p)):
+        routed = [weights[(labels == part) & (routes == cluster)].sum() for cluster in free]
+        target[part] = free.pop(int(np.argmax(routed)))
+    return target

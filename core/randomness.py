@@ -49,6 +49,8 @@ class Purpose(IntEnum):
     """Which nodes the server asks in an evaluation during training (``fraction_evaluate < 1``)."""
     LOSS_ROWS = 11
     """Which training rows a client scores the ``K`` models on (``DataLoss(max_rows=...)``, drawn once)."""
+    SKETCH = 12
+    """The random projection of the signature start, shared by every client (:func:`fedroute.core.signatures.sketch_matrix`)."""
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -14,7 +14,9 @@ After a round's replies are in (validated, in client-id order), the server
    reads it (``explore_on = "collapse"``, ``consolidate_duplicates`` or ``reseed_empty``);
    a re-seeded cluster's model is replaced by a copy of its source, or — with ``reseed_split`` —
    the source's replies of the round are split in two by direction (:mod:`fedroute.core.split`)
-   and the source and the re-seeded cluster get one half each.
+   and the source and the re-seeded cluster get one half each;
+4. with the signature start (``signature_hold_rounds > 0``), records the replies' signatures, parts the
+   clients once the first rounds' are in and places late ones (:mod:`fedroute.core.signature_start`).
 
 :class:`ServerState` holds everything but the models, in the style of optax's states:
 ``server_init`` makes it, :func:`server_step` maps ``(models, state, replies)`` to the next
@@ -34,8 +36,9 @@ from fedroute.core.federation import FederationEstimate, FederationState, estima
 from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health, within_reach
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
-from fedroute.core.copies import identical_pools
+from fedroute.core.copies import assigned_copies, identical_pools
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.signature_start import Signatures, SignatureState, signature_step
 from fedroute.core.split import partition, split_models
 
 __all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health", "evidence_settings",
@@ -60,6 +63,8 @@ class RoundReplies:
         ``w_i^+``.
     run_index : ndarray of int, shape (m,), optional
         The run of each reply (batched runs).
+    signatures : Signatures, optional
+        The signatures some replies carried (the signature start, :mod:`fedroute.core.signature_start`).
     """
 
     rows: NDArray[np.int64]
@@ -69,6 +74,7 @@ class RoundReplies:
     losses: NDArray[np.float64]
     trained_models: NDArray[np.floating]
     run_index: Optional[NDArray[np.int64]] = None
+    signatures: Optional[Signatures] = None
 
 
 @dataclass(frozen=True)
@@ -84,12 +90,15 @@ class ServerState:
     health : ClusterHealth
     view : RoutingView or None
         What the clients receive next round (None when the routing does not read it, or before any round).
+    signatures : SignatureState or None
+        The signature start's state (None without it).
     """
 
     federation: FederationState
     estimate: Optional[FederationEstimate]
     health: ClusterHealth
     view: Optional[RoutingView]
+    signatures: Optional[SignatureState] = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (a checkpoint's); :meth:`from_json` inverts it."""
@@ -97,7 +106,7 @@ class ServerState:
             return None if value is None else {name: np.asarray(getattr(value, name)).tolist()
                                                for name in value.__dataclass_fields__}
         return {"federation": arrays(self.federation), "estimate": arrays(self.estimate),
-                "health": arrays(self.health), "view": arrays(self.view)}
+                "health": arrays(self.health), "view": arrays(self.view), "signatures": arrays(self.signatures)}
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> "ServerState":
@@ -111,8 +120,12 @@ class ServerState:
         if federation.losses.ndim != 2:                                   # no client yet: (0,) → (0, K)
             federation = replace(federation, losses=federation.losses.reshape(len(federation.client_ids),
                                                                              health.spare.shape[1]))
+        signatures = arrays(SignatureState, values.get("signatures"))
+        if signatures is not None and signatures.means.ndim != 3:          # no signature yet: (N, 0) → (N, 0, 0)
+            signatures = replace(signatures, means=signatures.means.reshape(len(signatures.known), 0, 0),
+                                 counts=signatures.counts.reshape(len(signatures.known), 0))
         return cls(federation=federation, estimate=arrays(FederationEstimate, values["estimate"]),
-                   health=health, view=arrays(RoutingView, values["view"]))
+                   health=health, view=arrays(RoutingView, values["view"]), signatures=signatures)
 
 
 def _with_structure(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
@@ -130,7 +143,8 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "exploring_rounds": np.int64, "spare": bool, "known_clients": np.int64, "explore": bool,
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
            "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
-           "read_whole": bool, "apart_rounds": np.int64}
+           "read_whole": bool, "apart_rounds": np.int64, "means": np.float64, "counts": np.float64, "known": bool,
+           "held": np.int64, "parted_round": np.int64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -152,11 +166,14 @@ def server_init(federation: FederationState, num_runs: int, num_clusters: int,
     recovering.
     """
     health = ClusterHealth.initial(num_runs, num_clusters)
+    signatures = SignatureState.initial(len(federation.client_ids), num_runs) \
+        if settings is not None and settings.signature_hold_rounds > 0 else None
     if settings is None or not reads_health(settings):
-        return ServerState(federation=federation, estimate=None, health=health, view=None)
+        return ServerState(federation=federation, estimate=None, health=health, view=None, signatures=signatures)
     full = participation is None or participation.fraction >= 1.0
     health = replace(health, settled=np.full(num_runs, not (settings.explore_at_start and full)))
-    return ServerState(federation=federation, estimate=None, health=health, view=routing_view(health, settings))
+    return ServerState(federation=federation, estimate=None, health=health, view=routing_view(health, settings),
+                       signatures=signatures)
 
 
 def server_step(cluster_models: NDArray[np.floating], state: ServerState, replies: RoundReplies, round_index: int,
@@ -212,7 +229,13 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      None if state.estimate is None else state.estimate.preferred_masses,
                                      structure.structure if settings.reseed_by_structure else None)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
-    return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view)
+    signatures = state.signatures
+    if settings.signature_hold_rounds > 0:
+        signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
+                                    replies.signatures, round_index, cluster_models.shape[-2], num_runs, settings,
+                                    participation)
+    return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view,
+                                signatures=signatures)
 
 
 def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, settings: RoutingSettings,
@@ -250,26 +273,13 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
             labels = partition(updates, len(pool), settings.split_silhouette)
             if not labels.any():
                 continue
-            target = _assigned_copies(labels, routed[rows], weights[rows], pool)
+            target = assigned_copies(labels, routed[rows], weights[rows], pool)
             routes[rows] = target[labels]
             chose_pool = np.isin(preferred[rows], pool)
             preferred[rows[chose_pool]] = routes[rows[chose_pool]]
     if np.array_equal(routes, routed):
         return replies
     return replace(replies, routes=routes, preferred=preferred)
-
-
-def _assigned_copies(labels: NDArray[np.int64], routes: NDArray[np.int64], weights: NDArray[np.float64],
-                     pool: list[int]) -> NDArray[np.int64]:
-    """The copy each part trains: heaviest part first, to the free copy its members routed the most weight to."""
-    num_parts = int(labels.max()) + 1
-    part_weight = np.bincount(labels, weights=weights, minlength=num_parts)
-    target = np.full(num_parts, -1, dtype=np.int64)
-    free = list(pool)
-    for part in sorted(range(num_parts), key=lambda p: (-part_weight[p], p)):
-        routed = [weights[(labels == part) & (routes == cluster)].sum() for cluster in free]
-        target[part] = free.pop(int(np.argmax(routed)))
-    return target
 
 
 def evidence_settings(settings: RoutingSettings, participation: Participation) -> RoutingSettings:

@@ -11,7 +11,7 @@ from fedroute.core.controllers import CONTROLLER_IDS
 from fedroute.core.validation import invalid
 
 __all__ = ["RoutingSettings", "EXP3_MODES", "EXPLORE_ON", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK",
-           "MAX_START_UPDATES"]
+           "MAX_START_UPDATES", "MAX_SIGNATURE_HOLD_ROUNDS", "MAX_SIGNATURE_DIM"]
 
 EXP3_MODES = ("block", "action")
 EXPLORE_ON = ("always", "collapse")
@@ -19,6 +19,10 @@ TIE_BREAKING = ("lowest", "random")
 MASS_THRESHOLD_UNITS = ("mass", "fair-share")
 MAX_START_UPDATES = 1000
 """Largest ``start_updates``: a probe is a few dozen local updates, not a training run."""
+MAX_SIGNATURE_HOLD_ROUNDS = 10_000
+"""Largest ``signature_hold_rounds``: a start, not a run."""
+MAX_SIGNATURE_DIM = 256
+"""Largest ``signature_dim``: a sketch, not the client's inputs."""
 INCLUSIVE_SLACK = 1e-9
 """Rounding slack of an inclusive mass threshold: ``μ_k ≤ threshold + slack`` (``3/15 ≤ 0.6/3`` must hold)."""
 
@@ -150,6 +154,16 @@ class RoutingSettings:
         local_training`).  ``split_copies`` parts those copies' replies by update direction; after one
         update a client's direction can follow its own label mix more than its group, after a longer
         run from the shared start the group's direction builds up.  ``1`` (presets): no probe.
+    signature_hold_rounds : int
+        The *signature start* (``≥ 0``; ``0``, every preset and the default: off).  The clients send a
+        sketch of their class-conditional input means with their first replies
+        (:mod:`fedroute.core.signatures`); once the first ``⌈1/f⌉`` rounds' signatures are in (``f``: the
+        participation fraction), the server parts the clients on the classes they share and holds each part
+        on one cluster for this many of its clients' rounds (``⌈h/f⌉`` server rounds); a client that first
+        replies later joins the part it is most similar to (:mod:`fedroute.core.signature_start`).  Opt-in:
+        a client reveals its class counts and ``signature_dim`` random projections of each class's mean input.
+    signature_dim : int
+        Dimensions of the signature's random projection (``≥ 1``; shared by every client, drawn from the seed).
     """
 
     num_clusters: int = 2
@@ -188,12 +202,14 @@ class RoutingSettings:
     reseed_by_structure: bool = False
     split_silhouette: float = 0.25
     start_updates: int = 1
+    signature_hold_rounds: int = 0
+    signature_dim: int = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
         for name in ("num_clusters", "block_length", "hysteresis_min_rounds", "hysteresis_max_rounds",
                      "entry_max_candidates", "collapse_patience", "spare_patience", "duplicate_patience",
-                     "start_updates"):
+                     "start_updates", "signature_hold_rounds", "signature_dim"):
             value = getattr(self, name)
             _check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), name, value, "an integer")
         for name in ("exp3_learning_rate", "exp3_exploration", "rank_hedge_temperature", "commitment_margin",
@@ -237,6 +253,10 @@ class RoutingSettings:
         _check(-1.0 <= self.entry_threshold <= 1.0, "entry_threshold", self.entry_threshold, "[-1, 1]")
         _check(1 <= self.start_updates <= MAX_START_UPDATES, "start_updates", self.start_updates,
                f"an integer in [1, {MAX_START_UPDATES}] (1: no start probe)")
+        _check(0 <= self.signature_hold_rounds <= MAX_SIGNATURE_HOLD_ROUNDS, "signature_hold_rounds",
+               self.signature_hold_rounds, f"an integer in [0, {MAX_SIGNATURE_HOLD_ROUNDS}] (0: no signature start)")
+        _check(1 <= self.signature_dim <= MAX_SIGNATURE_DIM, "signature_dim", self.signature_dim,
+               f"an integer in [1, {MAX_SIGNATURE_DIM}]")
         _check(0.0 <= self.split_silhouette <= 1.0, "split_silhouette", self.split_silhouette, "[0, 1]")
         _check(self.explore_on in EXPLORE_ON, "explore_on", self.explore_on, f"one of {EXPLORE_ON}")
         _check(self.collapse_patience >= 1, "collapse_patience", self.collapse_patience, "an integer ≥ 1")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, get_type_hints
 
 from fedroute.client.devices import check_device_name
-from fedroute.core.settings import MAX_START_UPDATES, RoutingSettings
+from fedroute.core.settings import MAX_SIGNATURE_DIM, MAX_SIGNATURE_HOLD_ROUNDS, MAX_START_UPDATES, RoutingSettings
 from fedroute.monitoring.alarms import AlarmSettings
 from fedroute.core.aggregation import SERVER_UPDATES
 from fedroute.core.config_keys import dashed_keys
@@ -104,7 +104,9 @@ MAX_ROUNDS = 10**6
 MAX_NODES = 10**6
 MAX_SEED = 2**63 - 1
 MAX_ROUTING_INTEGER = 10**9
-_ROUTING_INTEGER_RANGES = {"entry-max-candidates": (0, MAX_ROUTING_INTEGER), "start-updates": (1, MAX_START_UPDATES)}
+_ROUTING_INTEGER_RANGES = {"entry-max-candidates": (0, MAX_ROUTING_INTEGER), "start-updates": (1, MAX_START_UPDATES),
+                           "signature-hold-rounds": (0, MAX_SIGNATURE_HOLD_ROUNDS),
+                           "signature-dim": (1, MAX_SIGNATURE_DIM)}
 """Integer routing keys whose range is not ``[1, MAX_ROUTING_INTEGER]``."""
 
 

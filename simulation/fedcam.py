@@ -134,9 +134,10 @@ class FedCAMAlgorithm:
         return models.cluster_models
 
     def client_step(self, models: FedCAMModels, client_state: None, federation: Federation, rows: NDArray[np.int64],
-                    masses: Optional[NDArray], view: Optional[RoutingView], round_index: int, num_rounds: int
-                    ) -> tuple[None, ClientStep]:
-        """Assignment by the combined predictor and the joint local update of the clients ``rows``."""
+                    masses: Optional[NDArray], view: Optional[RoutingView], round_index: int, num_rounds: int,
+                    orders: Optional[object] = None) -> tuple[None, ClientStep]:
+        """Assignment by the combined predictor and the joint local update of the clients ``rows`` (FedCAM has no
+        signature start: ``orders`` is None)."""
         runs = federation.run_of_client[rows]
         result = fedcam_client_round(federation.part(rows), models.global_models[runs], models.cluster_models[runs],
                                      round_index)

@@ -25,6 +25,7 @@ from fedroute.core.influence import InfluenceBounds, RoundAggregate
 from fedroute.core.participation import Participation, participating
 from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.signature_start import SignatureOrders, Signatures, signature_orders
 from fedroute.core.task import ClientBatch, Task
 from fedroute.monitoring.telemetry import ClientReplies
 
@@ -220,6 +221,8 @@ class ClientStep:
         EXP3 probabilities at the start of the round (``A = 0`` without arms).
     entered, released : ndarray of bool, shape (m,)
         Hysteresis episode events.
+    signatures : Signatures, optional
+        The signatures sent (the signature start).
     extra : Any
         The algorithm's own (its replies, detail and server update read it).
     """
@@ -232,6 +235,7 @@ class ClientStep:
     arm_probabilities: NDArray[np.float64]
     entered: NDArray[np.bool_]
     released: NDArray[np.bool_]
+    signatures: Optional[Signatures] = None
     extra: Any = None
 
 
@@ -251,9 +255,10 @@ class RoundAlgorithm(Protocol):
         """The ``(R, K, P)`` cluster models the server step updates."""
 
     def client_step(self, models: Any, client_state: Any, federation: Federation, rows: NDArray[np.int64],
-                    masses: Optional[NDArray], view: Optional[RoutingView], round_index: int, num_rounds: int
-                    ) -> tuple[Any, ClientStep]:
-        """Round ``t`` of the clients ``rows``: the next client state and their replies."""
+                    masses: Optional[NDArray], view: Optional[RoutingView], round_index: int, num_rounds: int,
+                    orders: Optional[SignatureOrders] = None) -> tuple[Any, ClientStep]:
+        """Round ``t`` of the clients ``rows``: the next client state and their replies (``orders``: the signature
+        start's holds and requests, :mod:`fedroute.core.signature_start`)."""
 
     def server_update(self, models: Any, aggregate: RoundAggregate, step: ClientStep, replies: RoundReplies,
                       influence: InfluenceBounds) -> Any:
@@ -302,8 +307,9 @@ def run_rounds(algorithm: RoundAlgorithm, tasks: Sequence[Task], federation: Fed
         played = federation.playing(round_index, participation)
         rows = np.flatnonzero(played)
         runs = federation.run_of_client[rows]
+        orders = signature_orders(server.signatures, rows, runs, round_index, settings, participation)
         client_state, step = algorithm.client_step(models, client_state, federation, rows, masses,
-                                                   _view_of(server, runs), round_index, num_rounds)
+                                                   _view_of(server, runs), round_index, num_rounds, orders)
         previous = models
         models, server = _server_round(algorithm, models, server, step, rows, runs, federation, round_index,
                                        participation, influence)
@@ -331,7 +337,7 @@ def _server_round(algorithm: RoundAlgorithm, models: Any, server: ServerState, s
     """The strategy's server side: :func:`~fedroute.core.server_step.server_step`, then the algorithm's update."""
     replies = RoundReplies(rows=rows, routes=step.routes, preferred=step.preferred,
                            num_examples=federation.num_examples[rows], losses=step.losses,
-                           trained_models=step.trained_models, run_index=runs)
+                           trained_models=step.trained_models, run_index=runs, signatures=step.signatures)
     aggregate, server = server_step(algorithm.cluster_parts(models), server, replies, round_index,
                                     algorithm.settings, participation, influence, federation.num_runs)
     return algorithm.server_update(models, aggregate, step, replies, influence), server

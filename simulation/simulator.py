@@ -32,6 +32,7 @@ from fedroute.core.influence import InfluenceBounds, RoundAggregate, capped_weig
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.signature_start import SignatureOrders, sent_signatures
 from fedroute.core.task import ClientBatch, Task
 from fedroute.monitoring.telemetry import ClientReplies, node_id_array
 from fedroute.simulation.rounds import (ClientStep, Federation, LoopResult, OnRound, SimulatedRound, changed_models,
@@ -230,21 +231,27 @@ class RoutingAlgorithm:
 
     def client_step(self, models: NDArray, client_state: AgentState, federation: Federation,
                     rows: NDArray[np.int64], masses: Optional[NDArray], view: Optional[RoutingView],
-                    round_index: int, num_rounds: int) -> tuple[AgentState, ClientStep]:
-        """:func:`~fedroute.core.client_step.client_round` of the clients ``rows``."""
+                    round_index: int, num_rounds: int, orders: Optional[SignatureOrders] = None
+                    ) -> tuple[AgentState, ClientStep]:
+        """:func:`~fedroute.core.client_step.client_round` of the clients ``rows`` (held where ``orders`` say),
+        with the signatures asked for."""
         every = len(rows) == len(federation.run_of_client)
         before = client_state if every else client_state.select(rows)
         probabilities = arm_probabilities(before.exp3_log_weights, self.settings.exp3_exploration)
         runs = federation.run_of_client[rows]
-        result = client_round(federation.part(rows), before, self.settings, models[runs],
+        part = federation.part(rows)
+        result = client_round(part, before, self.settings, models[runs],
                               None if masses is None else masses[runs], round_index, federation.seed_of_client[rows],
-                              num_rounds, view)
+                              num_rounds, view, None if orders is None else orders.held)
         decision = result.decision
         client_state = result.state if every else client_state.scatter(rows, result.state)
         return client_state, ClientStep(
             routes=decision.routes, preferred=decision.preferred, losses=result.losses,
             trained_models=result.trained_models, arm=decision.arm, arm_probabilities=probabilities,
-            entered=decision.entered, released=decision.released, extra=result)
+            entered=decision.entered, released=decision.released,
+            signatures=None if orders is None else sent_signatures(part, orders.wanted, federation.seed_of_client[rows],
+                                                                   self.settings.signature_dim),
+            extra=result)
 
     def server_update(self, models: NDArray, aggregate: RoundAggregate, step: ClientStep, replies: RoundReplies,
                       influence: InfluenceBounds) -> NDArray:

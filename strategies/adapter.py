@@ -39,6 +39,7 @@ from fedroute.strategies.history import models_changed, record_round
 from fedroute.strategies.messages import common_config, masses_config, node_messages
 from fedroute.strategies.nodes import (connected_nodes, evaluation_nodes, identification_messages, sampled_nodes,
                                        unidentified_error)
+from fedroute.strategies.orders import node_orders
 from fedroute.strategies.replies import accepted_replies
 from fedroute.strategies.results import MetricsAggregation, RejectedReply
 from fedroute.strategies.run_loop import run
@@ -137,7 +138,9 @@ class RoutingAdapter(Strategy):
         state.round_started = time.monotonic()
         state.grid = grid
         node_ids = self._sample_nodes(grid, server_round)
-        return self._messages(node_ids, MessageType.TRAIN, {
+        orders = node_orders(state.server, state.bindings.client_of_node, node_ids, server_round - 1, self.routing,
+                             self.participation)
+        return self._messages(node_ids, MessageType.TRAIN, orders=orders, config={
             **dict(config.items()), protocol.PHASE: protocol.PHASE_TRAIN, protocol.SERVER_ROUND: server_round,
             protocol.ROUND_INDEX: server_round - 1, protocol.NUM_ROUNDS: state.num_rounds,
             protocol.SAMPLED_FRACTION: float(self.fraction_train),
@@ -256,11 +259,15 @@ class RoutingAdapter(Strategy):
         """:func:`~fedroute.strategies.messages.common_config` of this strategy."""
         return common_config(self.client_config, self.algorithm.config, self.routing, self.seed, self.run_key)
 
-    def _messages(self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any]) -> list[Message]:
+    def _messages(self, node_ids: Iterable[int], message_type: str, config: Mapping[str, Any],
+                  orders: Optional[Mapping[int, ConfigRecord]] = None) -> list[Message]:
         """One message per node with the algorithm's records and the common config plus ``config``
-        (:func:`~fedroute.strategies.messages.node_messages`: records built once, shared)."""
-        return node_messages(node_ids, message_type, self.algorithm.records(self.state, message_type),
-                             lambda node_id, records: self.algorithm.node_records(self.state, node_id, records),
+        (:func:`~fedroute.strategies.messages.node_messages`: records built once, shared), and the node's
+        signature-start ``orders`` where given (:mod:`~fedroute.strategies.orders`)."""
+        def records_of(node_id: int, records: dict[str, Any]) -> dict[str, Any]:
+            own = self.algorithm.node_records(self.state, node_id, records)
+            return own if orders is None else {**own, protocol.SIGNATURE_ORDERS: orders[node_id]}
+        return node_messages(node_ids, message_type, self.algorithm.records(self.state, message_type), records_of,
                              {**self._common_config(), **config})
 
     def _sample_nodes(self, grid: Grid, server_round: int) -> list[int]:

@@ -11,7 +11,7 @@ free functions below, which each algorithm composes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -23,6 +23,8 @@ from fedroute.core.influence import InfluenceBounds, RoundAggregate, capped_weig
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies, server_step
 from fedroute.core.settings import RoutingSettings
+from fedroute.core.signature_start import Signatures
+from fedroute.strategies.reply_fields import signature_metrics
 from fedroute.strategies.state import Models, RunState
 from fedroute.strategies.validation import ProvisionalReply, TrainReply, validate_train_reply
 
@@ -91,7 +93,8 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
         losses=np.array([r.metrics[protocol.LOSSES] for r in valid], dtype=np.float64).reshape(
             len(valid), num_clusters),
         trained_models=protocol.stack_flat([r.model for r in valid], protocol.flat_dtype(template))
-        if valid else np.zeros((0, protocol.stack_flat(state.cluster_models[:1]).shape[1])))
+        if valid else np.zeros((0, protocol.stack_flat(state.cluster_models[:1]).shape[1])),
+        signatures=reply_signatures(valid))
     outcome, state.server = server_step(protocol.stack_flat(state.cluster_models),
                                         replace(state.server, federation=federation), replies, round_index,
                                         rules.routing, rules.participation, rules.influence)
@@ -101,6 +104,21 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
         state.routing_masses = state.server.estimate.masses[0]
         state.preferred_masses = state.server.estimate.preferred_masses[0]
     return outcome
+
+
+def reply_signatures(valid: Sequence[TrainReply]) -> Optional[Signatures]:
+    """The signatures the round's valid replies carried (the signature start), or None."""
+    index = [position for position, reply in enumerate(valid) if reply.signature is not None]
+    if not index:
+        return None
+    signed = [valid[position].signature for position in index]
+    shapes = {means.shape for means, _ in signed}            # a round's first signatures fix (C, d): keep those
+    first = signed[0][0].shape
+    if len(shapes) > 1:
+        index = [position for position, (means, _) in zip(index, signed) if means.shape == first]
+        signed = [valid[position].signature for position in index]
+    return Signatures(index=np.array(index, dtype=np.int64), means=np.stack([means for means, _ in signed]),
+                      counts=np.stack([counts for _, counts in signed]))
 
 
 def provisional_masses(reports: Sequence[ProvisionalReply], num_clusters: int,
@@ -139,8 +157,14 @@ class HardRouting:
         return records
 
     def validate_train(self, state: RunState, content: Mapping[str, Any], routing: RoutingSettings) -> TrainReply:
-        """A trained model of the cluster models' shape, and the routing metrics."""
-        return validate_train_reply(content, state.num_clusters, state.cluster_models[0], routing.num_arms)
+        """A trained model of the cluster models' shape, and the routing metrics (with the signature start, the
+        optional signature: ``C`` classes as the first accepted one, ``signature_dim`` numbers each)."""
+        reply = validate_train_reply(content, state.num_clusters, state.cluster_models[0], routing.num_arms)
+        if routing.signature_hold_rounds <= 0:
+            return reply
+        recorded = state.server.signatures
+        num_classes = None if recorded is None or recorded.shape == (0, 0) else recorded.shape[0]
+        return replace(reply, signature=signature_metrics(reply.metrics, routing.signature_dim, num_classes))
 
     def server_step(self, state: RunState, round_index: int, valid: Sequence[TrainReply],
                     rules: StepRules) -> RoundAggregate:

@@ -117,6 +117,33 @@ def check_optional_metrics(metrics: Mapping[str, Any], num_arms: int) -> None:
         number_list(metrics, protocol.EXP3_LOG_WEIGHTS, num_arms, at_most=True)
 
 
+MAX_SIGNATURE_CLASSES = 100_000
+"""Largest number of classes a signature may describe (its length is checked before it is read)."""
+
+
+def signature_metrics(metrics: Mapping[str, Any], dim: int,
+                      num_classes: Optional[int] = None) -> Optional[tuple[NDArray[np.float64], NDArray[np.float64]]]:
+    """The optional signature of a reply: ``(means (C, d), counts (C,))``, or None when it has none.
+
+    ``C`` is fixed by the first accepted signature (``num_classes``); both lists must be present together,
+    finite, the means ``C × d`` numbers and the counts ``≥ 0``.
+    """
+    has_means, has_counts = protocol.SIGNATURE_MEANS in metrics, protocol.SIGNATURE_COUNTS in metrics
+    if not has_means and not has_counts:
+        return None
+    if has_means != has_counts:
+        raise ReplyRejected(f"metrics '{protocol.SIGNATURE_MEANS}' and '{protocol.SIGNATURE_COUNTS}' come together; "
+                            f"the reply has only one")
+    counts = number_list(metrics, protocol.SIGNATURE_COUNTS,
+                         MAX_SIGNATURE_CLASSES if num_classes is None else num_classes, at_most=num_classes is None)
+    if num_classes is not None and len(counts) != num_classes:
+        raise ReplyRejected(f"metric '{protocol.SIGNATURE_COUNTS}' must be a list of {num_classes} numbers")
+    if np.any(counts < 0):
+        raise ReplyRejected(f"metric '{protocol.SIGNATURE_COUNTS}' has negative entries")
+    means = number_list(metrics, protocol.SIGNATURE_MEANS, len(counts) * dim)
+    return means.reshape(len(counts), dim), counts
+
+
 def metrics_of(content: Mapping[str, Any]) -> dict[str, Any]:
     record = required_record(content, protocol.METRICS, "MetricRecord")
     if not isinstance(record, (MetricRecord, dict)):

@@ -49,6 +49,8 @@ class TrainReply:
     """The Flower node the reply came from (set by the strategy; -1 = unknown)."""
     preferred: int = -1
     """The client's Greedy choice (metric ``preferred``; the lowest reported loss when it is missing)."""
+    signature: Optional[tuple[NDArray[np.float64], NDArray[np.float64]]] = None
+    """The signature start: the client's sketched class means ``(C, d)`` and class counts ``(C,)``, if it sent them."""
 
 
 @dataclass(frozen=True)

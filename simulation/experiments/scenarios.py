@@ -101,6 +101,12 @@ SIGNATURE_SCENARIOS = ("digits", "digits-skew", "boundaries-skew", "digits-minor
                        "boundaries-minority-noisy", "digits-lognormal", "digits-poor")
 """``--config signature-start``: the scenarios with every client every round and ``K = G`` (a partition into ``K``
 parts is a partition into the groups)."""
+CLASS_SAMPLE_TASKS = ("digits", "boundaries")
+"""The scenario tasks whose clients carry class samples (a signature needs them; ``collinear`` is a regression,
+``gmm``'s clients carry no per-sample weights)."""
+SIGNATURE_RULE = "signature"
+"""``--config signature-rule``: the run name of the generic default with the signature start
+(``signature_hold_rounds = SIGNATURE_HOLD_ROUNDS``, :mod:`fedroute.core.signature_start`)."""
 
 
 # --------------------------------------------------------------------------- #
@@ -703,6 +709,16 @@ def signature_start_config(config: ScenarioConfig) -> ScenarioConfig:
                    name="scenarios-signature-start")
 
 
+def signature_rule_config(config: ScenarioConfig) -> ScenarioConfig:
+    """``--config signature-rule``: Greedy and the generic default with the signature start (the routing rule, an
+    option: ``signature_hold_rounds = 10``) on every scenario whose clients carry class samples, from each scenario's
+    own starts, on the evaluation seeds (docs/algorithm.md, "The signature start")."""
+    scenarios = tuple(name for name, scenario in SCENARIOS.items() if scenario.task in CLASS_SAMPLE_TASKS)
+    return replace(config, scenarios=scenarios, methods=(GREEDY, SIGNATURE_RULE),
+                   variants={SIGNATURE_RULE: {"signature_hold_rounds": SIGNATURE_HOLD_ROUNDS}},
+                   name="scenarios-signature-rule")
+
+
 def all_methods(config: ScenarioConfig) -> ScenarioConfig:
     """``--config all-methods``: synchronized entry and FedCAM too (twice the cost of the default's table)."""
     return replace(config, methods=METHODS, name="scenarios-all-methods")
@@ -981,6 +997,9 @@ EXPERIMENT = register(Experiment(
               "signature-start": Variant("the generic default and Greedy from a start that parts the clients on "
                                          "the classes they share (a lab start), against the warm start",
                                          signature_start_config, in_all=False),
+              "signature-rule": Variant("Greedy and the generic default with the signature start (an option: "
+                                        "clients parted on the classes they share, held 10 rounds)",
+                                        signature_rule_config, in_all=False),
               "all-methods": Variant("every method, synchronized entry and FedCAM included (the paper "
                                      "configuration runs the generic default against Greedy)", all_methods,
                                      in_all=False)},

@@ -1,0 +1,293 @@
+"""The signature start: the clients parted on the classes they share, each part held on one cluster at first.
+
+From a warm start (``K`` copies of one model) under label skew inside groups, every signal the routing reads —
+losses, update directions — follows a client's label mix more than its group, and the runs freeze mixed
+(``docs/algorithm.md``, "The signature start").  What a group shares is what each class looks like.  With
+``signature_hold_rounds = h > 0``:
+
+1. **Collect.**  A client the server has no signature of sends one with its reply
+   (:func:`fedroute.core.signatures.sketched_signatures`: its class counts and each class's mean input on
+   ``signature_dim`` random directions).
+2. **Part.**  After the first ``⌈1/f⌉`` rounds (:func:`collect_rounds`; one with every client every round),
+   once at least ``K`` clients have sent one, the server parts the run's clients on the classes they share
+   (:func:`~fedroute.core.signatures.shared_class_similarity`, :func:`~fedroute.core.signatures.spectral_parts`
+   refined client by client, :func:`~fedroute.core.signatures.refined_parts`; clients in id order) and gives
+   each part a cluster: heaviest part first, to the free cluster its clients' latest routes carry the most
+   weight to (:func:`fedroute.core.copies.assigned_copies`).
+3. **Hold.**  For the next ``⌈h/f⌉`` rounds (:func:`hold_rounds`: about ``h`` rounds of each client) a client
+   with a part is *held*: it trains its part's cluster (:func:`held_routes`; the agent's exploitation step
+   on that route, no EXP3 update).  A client whose first signature arrives after the parting joins the part
+   whose clients it is most similar to on average (ties to the lower cluster); it is held from its next
+   round.  After the hold every client routes as its method says.
+
+The state is per client row of the server's :class:`~fedroute.core.federation.FederationState` (the Flower
+strategy adds rows as clients appear; :meth:`SignatureState.grown`) and per run.  Pure functions: the Flower
+strategy and the batched simulator call the same ones, in the same order, so they part and hold alike.
+A node is not trusted: a signature is validated (finite, ``C`` classes of ``d`` numbers, counts ≥ 0) and only
+places its own client; one client's wrong signature can move it to another part, not move the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedroute.core.copies import assigned_copies
+from fedroute.core.federation import FederationState
+from fedroute.core.participation import Participation
+from fedroute.core.settings import RoutingSettings
+from fedroute.core.signatures import (batch_class_means, refined_parts, shared_class_similarity, sketched_signatures,
+                                      spectral_parts)
+
+__all__ = ["Signatures", "SignatureState", "SignatureOrders", "collect_rounds", "hold_rounds", "signature_step",
+           "held_routes", "wants_signature", "signature_orders", "sent_signatures"]
+
+
+@dataclass(frozen=True)
+class Signatures:
+    """The signatures a round's replies carried (leading axis: those replies).
+
+    Attributes
+    ----------
+    index : ndarray of int, shape (s,)
+        Which of the round's replies carried one (positions in :class:`~fedroute.core.server_step.RoundReplies`).
+    means : ndarray, shape (s, C, d)
+        Sketched class means.
+    counts : ndarray, shape (s, C)
+        Samples of each class.
+    """
+
+    index: NDArray[np.int64]
+    means: NDArray[np.float64]
+    counts: NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class SignatureState:
+    """Every known client's signature, its held cluster, and when each run was parted.
+
+    Attributes
+    ----------
+    means : ndarray, shape (N, C, d)
+        Latest sketched class means per federation row (``C = d = 0`` before any signature).
+    counts : ndarray, shape (N, C)
+    known : ndarray of bool, shape (N,)
+        Rows whose signature arrived.
+    held : ndarray of int, shape (N,)
+        The cluster each client is held on (``-1``: none yet).
+    parted_round : ndarray of int, shape (R,)
+        ``t`` of the round after which each run was parted (``-1``: not yet).
+    """
+
+    means: NDArray[np.float64]
+    counts: NDArray[np.float64]
+    known: NDArray[np.bool_]
+    held: NDArray[np.int64]
+    parted_round: NDArray[np.int64]
+
+    @classmethod
+    def initial(cls, num_rows: int, num_runs: int) -> "SignatureState":
+        """No signature yet."""
+        return cls(means=np.zeros((num_rows, 0, 0)), counts=np.zeros((num_rows, 0)),
+                   known=np.zeros(num_rows, dtype=bool), held=np.full(num_rows, -1, dtype=np.int64),
+                   parted_round=np.full(num_runs, -1, dtype=np.int64))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(C, d)`` of the signatures (``(0, 0)`` before any)."""
+        return int(self.means.shape[1]), int(self.means.shape[2])
+
+    def grown(self, num_rows: int) -> "SignatureState":
+        """The state with rows added for clients the federation learnt of since (no signature, not held)."""
+        extra = num_rows - len(self.known)
+        if extra <= 0:
+            return self
+        return replace(self, means=np.concatenate([self.means, np.zeros((extra, *self.means.shape[1:]))]),
+                       counts=np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]))]),
+                       known=np.concatenate([self.known, np.zeros(extra, dtype=bool)]),
+                       held=np.concatenate([self.held, np.full(extra, -1, dtype=np.int64)]))
+
+    def recorded(self, rows: NDArray[np.int64], means: NDArray[np.floating],
+                 counts: NDArray[np.floating]) -> "SignatureState":
+        """The state with the signatures of ``rows``; the first signature fixes ``(C, d)``.
+
+        Raises
+        ------
+        ValueError
+            A signature of another shape than the ones recorded (the strategy rejects such a reply first).
+        """
+        means, counts = np.asarray(means, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+        state = self
+        if not len(rows):
+            return state
+        if state.shape == (0, 0):
+            state = replace(state, means=np.zeros((len(state.known), *means.shape[1:])),
+                            counts=np.zeros((len(state.known), means.shape[1])))
+        if means.shape[1:] != state.means.shape[1:] or counts.shape[1:] != state.counts.shape[1:]:
+            raise ValueError(f"signatures of shape {means.shape[1:]} do not match the recorded {state.shape}")
+        updated_means, updated_counts, known = state.means.copy(), state.counts.copy(), state.known.copy()
+        updated_means[rows], updated_counts[rows], known[rows] = means, counts, True
+        return replace(state, means=updated_means, counts=updated_counts, known=known)
+
+
+def collect_rounds(participation: Participation) -> int:
+    """Rounds whose signatures the parting waits for: ``⌈1/f⌉`` (each client sampled about once; 1 at ``f = 1``)."""
+    return participation.evidence_rounds(1)
+
+
+def hold_rounds(settings: RoutingSettings, participation: Participation) -> int:
+    """Server rounds a part is held: ``⌈h/f⌉`` (about ``h = signature_hold_rounds`` rounds of each client)."""
+    return participation.evidence_rounds(settings.signature_hold_rounds)
+
+
+def signature_step(state: SignatureState, federation: FederationState, rows: NDArray[np.int64],
+                   signatures: Optional[Signatures], round_index: int, num_clusters: int, num_runs: int,
+                   settings: RoutingSettings, participation: Participation) -> SignatureState:
+    """The signature start after round ``t`` (module docstring): record, part the runs due, place late clients.
+
+    Parameters
+    ----------
+    state : SignatureState
+    federation : FederationState
+        After the round's reports (its rows, runs, client ids, latest routes and claimed sample counts).
+    rows : ndarray of int, shape (m,)
+        The federation row of each of the round's replies.
+    signatures : Signatures or None
+        The signatures the replies carried.
+    round_index : int
+        ``t``.
+    num_clusters, num_runs : int
+    settings : RoutingSettings
+    participation : Participation
+
+    Returns
+    -------
+    SignatureState
+    """
+    state = state.grown(len(federation.client_ids))
+    if signatures is not None and len(signatures.index):
+        state = state.recorded(np.asarray(rows)[signatures.index], signatures.means, signatures.counts)
+    for run in range(num_runs):
+        in_run = federation.run_index == run
+        if state.parted_round[run] < 0:
+            if round_index >= collect_rounds(participation) - 1 and np.sum(state.known & in_run) >= num_clusters:
+                state = _parted(state, federation, run, round_index, num_clusters)
+        elif np.any(state.known & in_run & (state.held < 0)):
+            state = _joined(state, federation, run)
+    return state
+
+
+def _members(state: SignatureState, federation: FederationState, run: int) -> NDArray[np.int64]:
+    """The rows of ``run`` with a signature, in client-id order (both runtimes part the same sequence)."""
+    rows = np.flatnonzero(state.known & (federation.run_index == run))
+    return rows[np.argsort(federation.client_ids[rows], kind="stable")]
+
+
+def _parted(state: SignatureState, federation: FederationState, run: int, round_index: int,
+            num_clusters: int) -> SignatureState:
+    """``run`` parted into ``K`` parts, each part held on its cluster."""
+    members = _members(state, federation, run)
+    similarity = shared_class_similarity(state.means[members], state.counts[members])
+    labels = refined_parts(similarity, spectral_parts(similarity, num_clusters))
+    target = assigned_copies(labels, federation.route[members], federation.num_examples[members].astype(np.float64),
+                             list(range(num_clusters)))
+    held, parted = state.held.copy(), state.parted_round.copy()
+    held[members], parted[run] = target[labels], round_index
+    return replace(state, held=held, parted_round=parted)
+
+
+def _joined(state: SignatureState, federation: FederationState, run: int) -> SignatureState:
+    """The clients of ``run`` with a signature but no part placed with the part they are most similar to."""
+    members = _members(state, federation, run)
+    similarity = shared_class_similarity(state.means[members], state.counts[members])
+    clusters = state.held[members]
+    held = state.held.copy()
+    for position in np.flatnonzero(clusters < 0):
+        mean = np.array([similarity[position, clusters == cluster].mean() if np.any(clusters == cluster) else -np.inf
+                         for cluster in range(int(clusters.max()) + 1)])
+        held[members[position]] = int(np.argmax(mean))
+    return replace(state, held=held)
+
+
+def held_routes(state: Optional[SignatureState], rows: NDArray[np.int64], runs: NDArray[np.int64], round_index: int,
+                settings: RoutingSettings, participation: Participation) -> Optional[NDArray[np.int64]]:
+    """The cluster each of ``rows`` is held on in round ``t`` (``-1``: free), or None when nobody is held.
+
+    A run parted after round ``p`` holds its clients in rounds ``p < t ≤ p + ⌈h/f⌉`` (:func:`hold_rounds`).
+    ``rows`` of ``-1`` (a client the server does not know yet) are free.
+    """
+    if state is None or settings.signature_hold_rounds <= 0:
+        return None
+    rows, runs = np.asarray(rows, dtype=np.int64), np.asarray(runs, dtype=np.int64)
+    parted = state.parted_round[runs]
+    known = (rows >= 0) & (rows < len(state.held))
+    in_hold = known & (parted >= 0) & (round_index > parted) & (round_index <= parted + hold_rounds(settings,
+                                                                                                    participation))
+    routes = np.full(len(rows), -1, dtype=np.int64)
+    routes[in_hold] = state.held[rows[in_hold]]
+    return routes if np.any(routes >= 0) else None
+
+
+def wants_signature(state: Optional[SignatureState], rows: NDArray[np.int64], runs: NDArray[np.int64],
+                    round_index: int, settings: RoutingSettings, participation: Participation) -> NDArray[np.bool_]:
+    """Which of ``rows`` send their signature in round ``t``: those the server has none of, until the hold ends.
+
+    ``rows`` of ``-1`` (not known yet) are asked.  Shape (m,); all False without the signature start.
+    """
+    rows, runs = np.asarray(rows, dtype=np.int64), np.asarray(runs, dtype=np.int64)
+    if settings.signature_hold_rounds <= 0:
+        return np.zeros(len(rows), dtype=bool)
+    if state is None:
+        return np.ones(len(rows), dtype=bool)
+    parted = state.parted_round[runs]
+    open_window = (parted < 0) | (round_index <= parted + hold_rounds(settings, participation))
+    known = (rows >= 0) & (rows < len(state.known))
+    signed = np.zeros(len(rows), dtype=bool)
+    signed[known] = state.known[rows[known]]
+    return open_window & ~signed
+
+
+@dataclass(frozen=True)
+class SignatureOrders:
+    """What the signature start asks of a round's clients (leading axis: those clients).
+
+    Attributes
+    ----------
+    held : ndarray of int, shape (m,), or None
+        The cluster each is held on (``-1``: free); None when nobody is.
+    wanted : ndarray of bool, shape (m,)
+        Whether each sends its signature with its reply.
+    """
+
+    held: Optional[NDArray[np.int64]]
+    wanted: NDArray[np.bool_]
+
+
+def signature_orders(state: Optional[SignatureState], rows: NDArray[np.int64], runs: NDArray[np.int64],
+                     round_index: int, settings: RoutingSettings,
+                     participation: Participation) -> Optional[SignatureOrders]:
+    """:func:`held_routes` and :func:`wants_signature` of the round's clients; None without the signature start."""
+    if settings.signature_hold_rounds <= 0:
+        return None
+    return SignatureOrders(held=held_routes(state, rows, runs, round_index, settings, participation),
+                           wanted=wants_signature(state, rows, runs, round_index, settings, participation))
+
+
+def sent_signatures(clients: object, wanted: NDArray[np.bool_], seeds: NDArray[np.int64],
+                    dim: int) -> Optional[Signatures]:
+    """The signatures a batch of clients sends (:func:`~fedroute.core.signatures.batch_class_means` of the wanted
+    ones, sketched with their run's seed); None when none is wanted.  The Flower ClientApp sends its own with a
+    batch of one, the batched simulator the round's batch."""
+    index = np.flatnonzero(np.asarray(wanted, dtype=bool))
+    if not len(index):
+        return None
+    seeds = np.broadcast_to(np.asarray(seeds, dtype=np.int64), np.shape(wanted))[index]
+    class_means, class_counts = batch_class_means(clients)
+    means = np.zeros((len(index), class_means.shape[1], dim))
+    for seed in np.unique(seeds):
+        chosen = seeds == seed
+        means[chosen] = sketched_signatures(class_means[index[chosen]], class_counts[index[chosen]], dim, int(seed))[0]
+    return Signatures(index=index, means=means, counts=class_counts[index].astype(np.float64))
