@@ -38,8 +38,10 @@ def train_handler(msg: Message, context: Context) -> Message:
         train(model, data.train, epochs=int(config["local-epochs"]), batch_size=int(config["batch-size"]),
               learning_rate=float(config["learning-rate"]), seed=shuffle_seed)
 
+    # signature_data: read only when the server runs the signature start (signature-hold-rounds > 0).
     return routing_train(msg, context, DigitsCNN(), train_fn, lambda model: mean_loss(model, data.train),
-                         num_examples=len(data.train))
+                         num_examples=len(data.train), signature_data=[(data.train.images, data.train.labels)],
+                         num_classes=10)
 
 
 @app.evaluate()
