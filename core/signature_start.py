@@ -43,7 +43,7 @@ from fedroute.core.signatures import (batch_class_means, refined_parts, shared_c
                                       spectral_parts)
 
 __all__ = ["Signatures", "SignatureState", "SignatureOrders", "collect_rounds", "hold_rounds", "signature_step",
-           "held_routes", "wants_signature", "signature_orders", "sent_signatures"]
+           "held_routes", "wants_signature", "signature_orders", "sent_signatures", "parting_report"]
 
 
 @dataclass(frozen=True)
@@ -291,3 +291,16 @@ def sent_signatures(clients: object, wanted: NDArray[np.bool_], seeds: NDArray[n
         chosen = seeds == seed
         means[chosen] = sketched_signatures(class_means[index[chosen]], class_counts[index[chosen]], dim, int(seed))[0]
     return Signatures(index=index, means=means, counts=class_counts[index].astype(np.float64))
+
+
+def parting_report(before: Optional[SignatureState], after: Optional[SignatureState], settings: RoutingSettings,
+                   participation: Participation, run: int = 0) -> Optional[str]:
+    """A line for the log when ``run`` was parted in the round between ``before`` and ``after`` (else None):
+    how many clients, the part sizes per cluster, and how long they are held."""
+    if after is None or after.parted_round[run] < 0 or (before is not None and before.parted_round[run] >= 0):
+        return None
+    held = after.held[after.held >= 0]
+    sizes = np.bincount(held, minlength=settings.num_clusters)
+    return (f"signature start: {len(held)} clients parted on the classes they share after round "
+            f"{int(after.parted_round[run])}, clients per cluster {sizes.tolist()}; each is held on its cluster for "
+            f"{hold_rounds(settings, participation)} rounds")

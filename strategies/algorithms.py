@@ -10,6 +10,7 @@ free functions below, which each algorithm composes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
@@ -23,10 +24,12 @@ from fedroute.core.influence import InfluenceBounds, RoundAggregate, capped_weig
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies, server_step
 from fedroute.core.settings import RoutingSettings
-from fedroute.core.signature_start import Signatures
+from fedroute.core.signature_start import Signatures, parting_report
 from fedroute.strategies.reply_fields import signature_metrics
 from fedroute.strategies.state import Models, RunState
 from fedroute.strategies.validation import ProvisionalReply, TrainReply, validate_train_reply
+
+logger = logging.getLogger("fedroute")
 
 __all__ = ["Algorithm", "HardRouting", "StepRules", "cluster_records", "routing_step", "cluster_arrays",
            "restore_cluster_arrays", "provisional_masses"]
@@ -95,9 +98,12 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
         trained_models=protocol.stack_flat([r.model for r in valid], protocol.flat_dtype(template))
         if valid else np.zeros((0, protocol.stack_flat(state.cluster_models[:1]).shape[1])),
         signatures=reply_signatures(valid))
+    before = state.server.signatures
     outcome, state.server = server_step(protocol.stack_flat(state.cluster_models),
                                         replace(state.server, federation=federation), replies, round_index,
                                         rules.routing, rules.participation, rules.influence)
+    if report := parting_report(before, state.server.signatures, rules.routing, rules.participation):
+        logger.info(report)
     if valid:
         state.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]
     if state.server.estimate.reporting[0] > 0:

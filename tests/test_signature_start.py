@@ -256,7 +256,9 @@ def _torch_user_app(with_signature: bool) -> dict[str, Any]:
     return {MessageType.TRAIN: train}
 
 
-def test_a_torch_client_sends_its_signature_once_and_trains_its_held_cluster() -> None:
+def test_a_torch_client_sends_its_signature_once_and_trains_its_held_cluster(caplog: Any) -> None:
+    import logging
+
     import torch
 
     from fedroute import cluster_models_from_torch
@@ -267,7 +269,10 @@ def test_a_torch_client_sends_its_signature_once_and_trains_its_held_cluster() -
                                 evaluate_at_end=False)
     grid = InProcessGrid(_torch_user_app(True), 6)
     warm = torch.nn.Linear(4, 3)
-    strategy.start(grid, cluster_models_from_torch([warm, warm]), num_rounds=4)
+    with caplog.at_level(logging.INFO, logger="fedroute"):
+        strategy.start(grid, cluster_models_from_torch([warm, warm]), num_rounds=4)
+    parted = [r.getMessage() for r in caplog.records if r.getMessage().startswith("signature start:")]
+    assert len(parted) == 1 and "6 clients parted" in parted[0] and "after round 0" in parted[0], parted
     signatures = strategy.state.server.signatures
     assert signatures.known.all() and signatures.shape == (3, 4) and signatures.parted_round.tolist() == [0]
     client = 2
