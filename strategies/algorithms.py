@@ -113,18 +113,21 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
 
 
 def reply_signatures(valid: Sequence[TrainReply]) -> Optional[Signatures]:
-    """The signatures the round's valid replies carried (the signature start), or None."""
-    index = [position for position, reply in enumerate(valid) if reply.signature is not None]
-    if not index:
+    """The signatures the round's valid replies carried (the signature start), or None.
+
+    Before any signature is recorded the number of classes ``C`` is not known: the round's most common one is
+    kept (ties to the smaller ``C``) and the others are left out (those clients are asked again and then checked
+    against it), so one node cannot impose its ``C`` on the others by replying first.
+    """
+    signed = [(position, reply.signature) for position, reply in enumerate(valid) if reply.signature is not None]
+    if not signed:
         return None
-    signed = [valid[position].signature for position in index]
-    shapes = {means.shape for means, _ in signed}            # a round's first signatures fix (C, d): keep those
-    first = signed[0][0].shape
-    if len(shapes) > 1:
-        index = [position for position, (means, _) in zip(index, signed) if means.shape == first]
-        signed = [valid[position].signature for position in index]
-    return Signatures(index=np.array(index, dtype=np.int64), means=np.stack([means for means, _ in signed]),
-                      counts=np.stack([counts for _, counts in signed]))
+    shapes = [means.shape for _, (means, _) in signed]
+    common = max(sorted(set(shapes)), key=shapes.count)
+    kept = [(position, signature) for position, signature in signed if signature[0].shape == common]
+    return Signatures(index=np.array([position for position, _ in kept], dtype=np.int64),
+                      means=np.stack([means for _, (means, _) in kept]),
+                      counts=np.stack([counts for _, (_, counts) in kept]))
 
 
 def provisional_masses(reports: Sequence[ProvisionalReply], num_clusters: int,
@@ -164,7 +167,7 @@ class HardRouting:
 
     def validate_train(self, state: RunState, content: Mapping[str, Any], routing: RoutingSettings) -> TrainReply:
         """A trained model of the cluster models' shape, and the routing metrics (with the signature start, the
-        optional signature: ``C`` classes as the first accepted one, ``signature_dim`` numbers each)."""
+        optional signature: ``C`` classes as the recorded ones, ``signature_dim`` numbers each)."""
         reply = validate_train_reply(content, state.num_clusters, state.cluster_models[0], routing.num_arms)
         if routing.signature_hold_rounds <= 0:
             return reply

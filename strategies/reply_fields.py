@@ -125,7 +125,7 @@ def signature_metrics(metrics: Mapping[str, Any], dim: int,
                       num_classes: Optional[int] = None) -> Optional[tuple[NDArray[np.float64], NDArray[np.float64]]]:
     """The optional signature of a reply: ``(means (C, d), counts (C,))``, or None when it has none.
 
-    ``C`` is fixed by the first accepted signature (``num_classes``); both lists must be present together,
+    ``C`` is the recorded signatures' (``num_classes``; None before any); both lists must be present together,
     finite, the means ``C × d`` numbers and the counts ``≥ 0``.
     """
     has_means, has_counts = protocol.SIGNATURE_MEANS in metrics, protocol.SIGNATURE_COUNTS in metrics

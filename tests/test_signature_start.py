@@ -150,6 +150,19 @@ def test_a_bad_signature_is_refused_naming_the_metric(metrics: dict[str, Any], m
     assert signature_metrics({}, 4) is None
 
 
+def test_one_node_cannot_impose_its_number_of_classes_by_replying_first() -> None:
+    from fedroute.strategies.algorithms import reply_signatures
+    from fedroute.strategies.validation import TrainReply
+
+    def reply(client: int, num_classes: int) -> TrainReply:
+        return TrainReply(client_id=client, cluster=0, num_examples=1.0, model={}, metrics={},
+                          signature=(np.zeros((num_classes, 4)), np.ones(num_classes)))
+
+    signatures = reply_signatures([reply(0, 7), reply(1, 3), reply(2, 3), reply(3, 3)])
+    assert signatures.index.tolist() == [1, 2, 3] and signatures.means.shape == (3, 3, 4)
+    assert reply_signatures([reply(0, 5), reply(1, 3)]).index.tolist() == [1]          # a tie: the smaller C
+
+
 def test_the_state_survives_a_checkpoint() -> None:
     settings = replace(SETTINGS, explore_on="collapse", controllers=("gr", "rh"))
     state = server_init(FederationState.of_clients(np.arange(4), 2), 1, 2, settings)
