@@ -100,6 +100,9 @@ def explicit_num_clients(config: Mapping[str, Any]) -> bool:
 CHECKPOINT_ENVIRONMENT = "FEDROUTE_CHECKPOINT_DIR"
 """With ``checkpoint-dir = ""``, checkpoints go to ``$FEDROUTE_CHECKPOINT_DIR/<run digest>/`` if it is set."""
 
+SIGNATURE_TASKS = ("boundaries", "digit-rotations", "characters", "femnist")
+"""The built-in tasks whose clients carry class samples (the signature start, ``signature-hold-rounds > 0``)."""
+
 MAX_ROUNDS = 10**6
 MAX_NODES = 10**6
 MAX_SEED = 2**63 - 1
@@ -248,9 +251,14 @@ def parse_run_config(config: Mapping[str, Any]) -> RunSettings:
     round_timeout = _number(config, "round-timeout", 1e-3, 1e7) if "round-timeout" in config else 600.0
     if "client-device" in config:  # every task's (a plugin app reads it with fedroute.client.devices)
         check_device_name(config["client-device"])
+    overrides = _routing_overrides(config)
+    task_name = str(config.get("task", "linear"))
+    if overrides.get("signature_hold_rounds", 0) > 0 and task_name not in SIGNATURE_TASKS:
+        raise _invalid("signature-hold-rounds", overrides["signature_hold_rounds"],
+                       f"0 for task {task_name!r}: the signature start needs clients with class samples "
+                       f"(tasks {', '.join(SIGNATURE_TASKS)}; a plugin app's clients pass signature_data)")
     task = task_from_config(config)
     preset = routing_preset(config)
-    overrides = _routing_overrides(config)
     influence = _influence(config)
     routing = {}
     for name in methods:

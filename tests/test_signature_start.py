@@ -18,7 +18,7 @@ from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import (Signatures, SignatureState, collect_rounds, held_routes, hold_rounds,
                                            signature_step, wants_signature)
-from fedroute.core.signatures import labelled_signature, refined_parts, sketch_matrix, sketched_signatures
+from fedroute.core.signatures import batch_signatures, labelled_signature, refined_parts, sketch_matrix, sketched_signatures
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
@@ -181,6 +181,17 @@ def test_the_simulator_refuses_a_task_without_class_samples_naming_the_setting()
     task = parse_run_config(app_run_config({"task": "linear", "num-clients": 6})).task
     with pytest.raises(ValueError, match="signature_hold_rounds"):
         simulate(task, settings, 3, 0)
+
+
+def test_the_run_config_refuses_the_signature_start_on_a_task_without_classes_before_flower_starts() -> None:
+    with pytest.raises(ValueError, match=r"run-config 'signature-hold-rounds'.*0 for task 'linear'"):
+        parse_run_config(app_run_config({"task": "linear", "signature-hold-rounds": 5}))
+    with pytest.raises(ValueError, match=r"run-config 'signature-hold-rounds'.*\[0, 10000\]"):
+        parse_run_config(app_run_config({"task": "boundaries", "signature-hold-rounds": -1}))
+    from fedroute.server.run_config import SIGNATURE_TASKS
+    for name in SIGNATURE_TASKS[:3]:                                   # femnist needs its data files
+        task = parse_run_config(app_run_config({"task": name, "signature-hold-rounds": 5, "num-clients": 4})).task
+        assert batch_signatures(task.clients(np.arange(2)), 4, 0)[0].shape[:1] == (2,), name
 
 
 # --------------------------------------------------------------------------- Flower ≡ simulator
