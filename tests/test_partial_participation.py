@@ -21,9 +21,9 @@ from fedroute.core.participation import Participation, participating, report_mem
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
-from fedroute.strategies.records import array_record
 from support.app_config import app_run_config
-from support.grid import InProcessGrid, builtin_handlers
+from support.builtin_runs import builtin_nodes, builtin_run
+from support.grid import InProcessGrid
 
 NUM_CLIENTS, NUM_ROUNDS, FRACTION, SEED = 16, 14, 0.25, 3
 
@@ -107,25 +107,10 @@ def _run_config(**changes: Any) -> dict[str, Any]:
                            "fraction-train": FRACTION, "preset": "generic", "init": "spread"}, **changes)
 
 
-def _nodes(run_config: dict[str, Any], node_seed: int, query_handler: bool = True) -> InProcessGrid:
-    """The built-in ClientApp on nodes with random 64-bit ids (Flower draws them anew for every simulation)."""
-    handlers = builtin_handlers()
-    if not query_handler:
-        del handlers[MessageType.QUERY]
-    node_ids = np.random.default_rng(node_seed).integers(1, 2**62, size=NUM_CLIENTS)
-    return InProcessGrid(handlers, NUM_CLIENTS, run_config, node_ids=node_ids)
-
-
 def _flower_run(run_config: dict[str, Any], method: str, node_seed: int, **grid_options: Any
                 ) -> tuple[ClusteredRouting, InProcessGrid]:
-    settings = parse_run_config(run_config)
-    grid = _nodes(run_config, node_seed, **grid_options)
-    strategy = ClusteredRouting(settings.routing[method], fraction_train=FRACTION, min_train_nodes=2,
-                                min_available_nodes=NUM_CLIENTS, seed=SEED, progress_interval=None,
-                                evaluate_at_end=False, run_key=method)
-    strategy.start(grid, [array_record({"weights": m}) for m in settings.task.initial_models(2)],
-                   num_rounds=NUM_ROUNDS)
-    return strategy, grid
+    grid = builtin_nodes(run_config, NUM_CLIENTS, node_seed, **grid_options)
+    return builtin_run(run_config, method, grid, FRACTION, num_models=2), grid
 
 
 @pytest.mark.parametrize("method", ["exp3", "sync-entry"])

@@ -22,11 +22,11 @@ from fedroute.core.signatures import batch_signatures, labelled_signature, refin
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
-from fedroute.strategies.records import array_record
 from fedroute.strategies.reply_fields import signature_metrics
 from fedroute.strategies.reply_text import ReplyRejected
 from support.app_config import app_run_config
-from support.grid import InProcessGrid, builtin_handlers
+from support.builtin_runs import builtin_nodes, builtin_run
+from support.grid import InProcessGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -199,15 +199,8 @@ NUM_CLIENTS, NUM_ROUNDS, SEED = 15, 12, 4
 
 
 def _flower_run(run_config: dict[str, Any], method: str, fraction: float) -> tuple[ClusteredRouting, InProcessGrid]:
-    settings = parse_run_config(run_config)
-    node_ids = np.random.default_rng(3).integers(1, 2**62, size=NUM_CLIENTS)
-    grid = InProcessGrid(builtin_handlers(), NUM_CLIENTS, run_config, node_ids=node_ids)
-    strategy = ClusteredRouting(settings.routing[method], fraction_train=fraction, min_train_nodes=2,
-                                min_available_nodes=NUM_CLIENTS, seed=SEED, progress_interval=None,
-                                evaluate_at_end=False, run_key=method)
-    strategy.start(grid, [array_record({"weights": m}) for m in settings.task.initial_models(3)],
-                   num_rounds=NUM_ROUNDS)
-    return strategy, grid
+    grid = builtin_nodes(run_config, NUM_CLIENTS, node_seed=3)
+    return builtin_run(run_config, method, grid, fraction, num_models=3), grid
 
 
 @pytest.mark.parametrize("method, fraction", [("exp3", 1.0), ("greedy", 0.5)])
