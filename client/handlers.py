@@ -37,8 +37,8 @@ from fedroute.core.methods import ALGORITHM_LOCAL
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import sent_signatures
 from fedroute.client.state_store import load_agent_state, save_agent_state, state_directory
-from fedroute.client.received import cluster_models, global_part, is_identification, message_config, received_orders, \
-    received_view, routing_config
+from fedroute.client.received import cluster_models, global_part, is_identification, message_config, \
+    received_orders, received_view, routing_config
 from fedroute.strategies.records import array_record
 from fedroute.core.task import ClientBatch
 from fedroute.core.validation import invalid

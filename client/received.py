@@ -99,5 +99,6 @@ def received_orders(message: Message, num_clusters: int) -> tuple[Optional[np.nd
     orders = dict(records[protocol.SIGNATURE_ORDERS].items())
     held = orders.get(protocol.HELD_ROUTE, -1)
     if isinstance(held, bool) or not isinstance(held, int) or not -1 <= held < num_clusters:
-        raise ValueError(f"the message's '{protocol.HELD_ROUTE}' = {held!r} is not a cluster in [-1, {num_clusters - 1}]")
+        raise ValueError(f"the message's '{protocol.HELD_ROUTE}' = {held!r} is not a cluster in "
+                         f"[-1, {num_clusters - 1}]")
     return (None if held < 0 else np.array([held], dtype=np.int64)), bool(orders.get(protocol.SEND_SIGNATURE, False))

@@ -252,12 +252,12 @@ def agent_step(
     """
     losses = _checked_losses(losses, settings)
     client_ids = np.asarray(client_ids, dtype=np.int64)
-    if held_routes is not None and np.any(np.asarray(held_routes) >= 0):
-        return _hold_where(state, settings, losses, previous_masses, round_index, client_ids, seed, benefit_fn,
-                           num_rounds, view, np.asarray(held_routes, dtype=np.int64))
     tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
                     if settings.tie_breaking == "random" else None)
     greedy_choice, preferred = greedy_choices(losses, settings, view, tie_uniforms)
+    if held_routes is not None and np.any(np.asarray(held_routes) >= 0):
+        return _hold_where(state, settings, losses, previous_masses, round_index, client_ids, seed, benefit_fn,
+                           num_rounds, view, np.asarray(held_routes, dtype=np.int64), preferred)
     exploring = exploring_clients(settings, view, len(losses))
     if not exploring.all():
         return _explore_where(state, settings, losses, previous_masses, round_index, client_ids, seed,
@@ -564,15 +564,13 @@ def _hold_where(
     state: AgentState, settings: RoutingSettings, losses: NDArray[np.float64],
     previous_masses: Optional[NDArray[np.float64]], round_index: int, client_ids: NDArray[np.int64],
     seed: int | NDArray[np.int64], benefit_fn: Optional[BenefitFunction], num_rounds: Optional[int],
-    view: Optional[RoutingView], held_routes: NDArray[np.int64],
+    view: Optional[RoutingView], held_routes: NDArray[np.int64], preferred: NDArray[np.int64],
 ) -> tuple[AgentState, RoundDecision]:
-    """The signature start's hold: held clients exploit their held route, the others take the usual step."""
+    """The signature start's hold: held clients exploit their held route (reporting their Greedy choice
+    ``preferred``), the others take the usual step."""
     if held_routes.shape != (len(losses),) or np.any(held_routes >= losses.shape[1]):
         raise ValueError(f"held_routes must be {len(losses)} routes in [-1, {losses.shape[1] - 1}]; got "
                          f"{held_routes.tolist()[:5]}")
-    tie_uniforms = (uniform(seed, client_ids, round_index, Purpose.TIE)
-                    if settings.tie_breaking == "random" else None)
-    _, preferred = greedy_choices(losses, settings, view, tie_uniforms)
     held = held_routes >= 0
     held_state, decision = _exploit(state, losses, np.where(held, held_routes, 0), preferred)
     if held.all():

@@ -50,7 +50,8 @@ class Purpose(IntEnum):
     LOSS_ROWS = 11
     """Which training rows a client scores the ``K`` models on (``DataLoss(max_rows=...)``, drawn once)."""
     SKETCH = 12
-    """The random projection of the signature start, shared by every client (:func:`fedroute.core.signatures.sketch_matrix`)."""
+    """The random projection of the signature start, shared by every client
+    (:func:`fedroute.core.signatures.sketch_matrix`)."""
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -24,11 +24,12 @@ from numpy.typing import NDArray
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
-__all__ = ["MIN_CLASS_SAMPLES", "class_means", "shared_class_similarity", "spectral_parts", "refined_parts", "signature_parts",
-           "sketch_matrix", "sketched_signatures", "batch_class_means", "batch_signatures", "labelled_signature", "CLASS_SAMPLE_FIELDS"]
+__all__ = ["MIN_CLASS_SAMPLES", "CLASS_SAMPLE_FIELDS", "class_means", "shared_class_similarity", "spectral_parts",
+           "refined_parts", "signature_parts", "sketch_matrix", "sketched_signatures", "batch_class_means",
+           "labelled_signature"]
 
 CLASS_SAMPLE_FIELDS = ("train_inputs", "train_labels", "train_weights", "num_classes")
-"""What a :class:`~fedroute.core.task.ClientBatch` carries for :func:`batch_signatures` (the classification tasks)."""
+"""What a :class:`~fedroute.core.task.ClientBatch` carries for :func:`batch_class_means` (the classification tasks)."""
 
 MIN_CLASS_SAMPLES = 2
 """Samples of a class a client needs for its mean of that class to count (one sample is not a mean)."""
@@ -239,11 +240,6 @@ def batch_class_means(clients: object) -> tuple[NDArray[np.float64], NDArray[np.
     inputs = np.asarray(getattr(clients, "train_inputs"))
     return class_means(inputs.reshape(inputs.shape[0], inputs.shape[1], -1), getattr(clients, "train_labels"),
                        getattr(clients, "train_weights"), int(getattr(clients, "num_classes")))
-
-
-def batch_signatures(clients: object, dim: int, seed: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """The sketched signatures of a batch of clients that carry their samples (:func:`batch_class_means`)."""
-    return sketched_signatures(*batch_class_means(clients), dim, seed)
 
 
 def labelled_signature(batches: Iterable[tuple[Any, Any]], num_classes: int, dim: int,

@@ -136,8 +136,6 @@ def signature_metrics(metrics: Mapping[str, Any], dim: int,
                             f"the reply has only one")
     counts = number_list(metrics, protocol.SIGNATURE_COUNTS,
                          MAX_SIGNATURE_CLASSES if num_classes is None else num_classes, at_most=num_classes is None)
-    if num_classes is not None and len(counts) != num_classes:
-        raise ReplyRejected(f"metric '{protocol.SIGNATURE_COUNTS}' must be a list of {num_classes} numbers")
     if np.any(counts < 0):
         raise ReplyRejected(f"metric '{protocol.SIGNATURE_COUNTS}' has negative entries")
     means = number_list(metrics, protocol.SIGNATURE_MEANS, len(counts) * dim)

@@ -1,4 +1,4 @@
-"""The signature start in both runtimes: collect, part, hold, join late; Flower ≡ simulator; bad signatures refused."""
+"""The signature start in both runtimes: collect, part, hold, join late; Flower ≡ simulator; bad signatures."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import (Signatures, SignatureState, collect_rounds, held_routes, hold_rounds,
                                            signature_step, wants_signature)
-from fedroute.core.signatures import batch_signatures, labelled_signature, refined_parts, sketch_matrix, sketched_signatures
+from fedroute.core.signatures import (batch_class_means, labelled_signature, refined_parts, sketch_matrix,
+                                      sketched_signatures)
 from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
 from fedroute.strategies.clustered import ClusteredRouting
@@ -191,7 +192,8 @@ def test_the_run_config_refuses_the_signature_start_on_a_task_without_classes_be
     from fedroute.server.run_config import SIGNATURE_TASKS
     for name in SIGNATURE_TASKS[:3]:                                   # femnist needs its data files
         task = parse_run_config(app_run_config({"task": name, "signature-hold-rounds": 5, "num-clients": 4})).task
-        assert batch_signatures(task.clients(np.arange(2)), 4, 0)[0].shape[:1] == (2,), name
+        clients = task.clients(np.arange(2))
+        assert batch_class_means(clients)[0].shape[:2] == (2, clients.num_classes), name
 
 
 # --------------------------------------------------------------------------- Flower ≡ simulator
