@@ -174,15 +174,18 @@ def routing_reply(message: Message, context: Context, got: Received) -> Message:
 
 def signature_reply(clients: ClientBatch, dim: int, seed: int) -> dict[str, list[float]]:
     """The signature start's metrics of a one-client batch: its own ``signature(dim, seed)`` (a
-    :class:`~fedroute.client.torch_adapter.TorchClient` with ``signature_data``), else the task's samples'
-    (:func:`fedroute.core.signature_start.sent_signatures`, the simulator's function)."""
+    :class:`~fedroute.client.torch_adapter.TorchClient`), else the task's samples'
+    (:func:`fedroute.core.signature_start.sent_signatures`, the simulator's function); none (``{}``) when the
+    client has no class samples to sign with (it is then not held)."""
     own = getattr(clients, "signature", None)
     if callable(own):
-        means, counts = own(dim, seed)
+        signed = own(dim, seed)
     else:
         sent = sent_signatures(clients, np.ones(1, dtype=bool), np.array([seed]), dim)
-        assert sent is not None
-        means, counts = sent.means[0], sent.counts[0]
+        signed = None if sent is None else (sent.means[0], sent.counts[0])
+    if signed is None:
+        return {}
+    means, counts = signed
     return {protocol.SIGNATURE_MEANS: [float(v) for v in np.ravel(means)],
             protocol.SIGNATURE_COUNTS: [float(v) for v in np.ravel(counts)]}
 

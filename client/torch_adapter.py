@@ -21,6 +21,7 @@ client and models).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Mapping, Optional
 
@@ -34,6 +35,17 @@ from fedroute.core.validation import invalid
 __all__ = ["TorchClient", "LossFunction", "TrainFunction", "cluster_models_from_torch", "cluster_models_to_torch",
            "module_arrays", "train_metrics_of", "layout_difference", "TRAIN_LOSS_METRIC", "MetricsFunction",
            "metrics_of"]
+
+logger = logging.getLogger(__name__)
+_SAID: set[str] = set()
+
+
+def _say_once(say: Callable[[str], None], message: str) -> None:
+    """``say(message)`` the first time this process says it."""
+    if message not in _SAID:
+        _SAID.add(message)
+        say(message)
+
 
 LossFunction = Callable[[torch.nn.Module], float]
 """``loss_fn(model) -> float``: mean loss of ``model`` on this client's data."""
@@ -336,19 +348,16 @@ class TorchClient:
         routed model is trained last (entry-test probes come first), so after the round it is the routed
         model's."""
 
-    def signature(self, dim: int, seed: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    def signature(self, dim: int, seed: int) -> Optional[tuple[NDArray[np.float64], NDArray[np.float64]]]:
         """The client's sketched signature ``(C, d)`` and class counts ``(C,)`` from ``signature_data``
-        (:func:`fedroute.core.signatures.labelled_signature`).
-
-        Raises
-        ------
-        ValueError
-            Without ``signature_data``: the server runs the signature start, so the client must pass it.
-        """
+        (:func:`fedroute.core.signatures.labelled_signature`); None without ``signature_data`` (the client
+        then sends none and is not held; said once per process at INFO)."""
         if self.signature_data is None or self.num_classes is None:
-            raise invalid("signature_data", None, "the client's (inputs, labels) batches and num_classes",
-                          "the server runs the signature start (signature-hold-rounds > 0): pass signature_data and "
-                          "num_classes to routing_train, or set signature-hold-rounds = 0")
+            _say_once(logger.info, "the server asked for this client's class signature (the signature start, "
+                      "signature-hold-rounds > 0; on by default when the clusters start as copies of one model). "
+                      "This client has no signature_data, so it sends none and routes freely; pass signature_data "
+                      "and num_classes to routing_train to take part, or set signature-hold-rounds = 0 on the server")
+            return None
         data = self.signature_data() if callable(self.signature_data) else self.signature_data
         batches = ((_as_numpy(inputs), _as_numpy(labels)) for inputs, labels in data)
         means, counts = labelled_signature(batches, self.num_classes, dim, seed)

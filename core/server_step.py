@@ -120,12 +120,20 @@ class ServerState:
         if federation.losses.ndim != 2:                                   # no client yet: (0,) → (0, K)
             federation = replace(federation, losses=federation.losses.reshape(len(federation.client_ids),
                                                                              health.spare.shape[1]))
-        signatures = arrays(SignatureState, values.get("signatures"))
+        signatures = arrays(SignatureState, _with_active(values.get("signatures")))
         if signatures is not None and signatures.means.ndim != 3:          # no signature yet: (N, 0) → (N, 0, 0)
             signatures = replace(signatures, means=signatures.means.reshape(len(signatures.known), 0, 0),
                                  counts=signatures.counts.reshape(len(signatures.known), 0))
         return cls(federation=federation, estimate=arrays(FederationEstimate, values["estimate"]),
                    health=health, view=arrays(RoutingView, values["view"]), signatures=signatures)
+
+
+def _with_active(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
+    """A stored signature state with its active runs added when it predates them (every run: the option as it
+    was, ``signature_start_on = "always"``)."""
+    if stored is None or "active" in stored:
+        return stored
+    return {**stored, "active": [True] * len(stored["parted_round"])}
 
 
 def _with_structure(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
@@ -144,7 +152,7 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
            "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
            "read_whole": bool, "apart_rounds": np.int64, "means": np.float64, "counts": np.float64, "known": bool,
-           "held": np.int64, "parted_round": np.int64}
+           "held": np.int64, "parted_round": np.int64, "active": bool}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -166,7 +174,8 @@ def server_init(federation: FederationState, num_runs: int, num_clusters: int,
     recovering.
     """
     health = ClusterHealth.initial(num_runs, num_clusters)
-    signatures = SignatureState.initial(len(federation.client_ids), num_runs) \
+    signatures = SignatureState.initial(len(federation.client_ids), num_runs,
+                                        np.full(num_runs, settings.signature_start_on == "always")) \
         if settings is not None and settings.signature_hold_rounds > 0 else None
     if settings is None or not reads_health(settings):
         return ServerState(federation=federation, estimate=None, health=health, view=None, signatures=signatures)
@@ -232,7 +241,7 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
     signatures = state.signatures
     if settings.signature_hold_rounds > 0:
         signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
-                                    replies.signatures, round_index, cluster_models.shape[-2], num_runs, settings,
+                                    replies.signatures, round_index, cluster_models, num_runs, settings,
                                     participation)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view,
                                 signatures=signatures)

@@ -11,12 +11,13 @@ from fedroute.core.controllers import CONTROLLER_IDS
 from fedroute.core.validation import invalid
 
 __all__ = ["RoutingSettings", "EXP3_MODES", "EXPLORE_ON", "TIE_BREAKING", "MASS_THRESHOLD_UNITS", "INCLUSIVE_SLACK",
-           "MAX_START_UPDATES", "MAX_SIGNATURE_HOLD_ROUNDS", "MAX_SIGNATURE_DIM"]
+           "SIGNATURE_START_ON", "MAX_START_UPDATES", "MAX_SIGNATURE_HOLD_ROUNDS", "MAX_SIGNATURE_DIM"]
 
 EXP3_MODES = ("block", "action")
 EXPLORE_ON = ("always", "collapse")
 TIE_BREAKING = ("lowest", "random")
 MASS_THRESHOLD_UNITS = ("mass", "fair-share")
+SIGNATURE_START_ON = ("copies", "always")
 MAX_START_UPDATES = 1000
 """Largest ``start_updates``: a probe is a few dozen local updates, not a training run."""
 MAX_SIGNATURE_HOLD_ROUNDS = 10_000
@@ -160,10 +161,17 @@ class RoutingSettings:
         (:mod:`fedroute.core.signatures`); once the first ``⌈1/f⌉`` rounds' signatures are in (``f``: the
         participation fraction), the server parts the clients on the classes they share and holds each part
         on one cluster for this many of its clients' rounds (``⌈h/f⌉`` server rounds); a client that first
-        replies later joins the part it is most similar to (:mod:`fedroute.core.signature_start`).  Opt-in:
-        a client reveals its class counts and ``signature_dim`` random projections of each class's mean input.
+        replies later joins the part it is most similar to (:mod:`fedroute.core.signature_start`).  A client
+        that sends one reveals its class counts and ``signature_dim`` random projections of each class's mean
+        input; a client that cannot (no class labels, a torch client without ``signature_data``) sends none and
+        is not held.  Presets: ``0``; the generic default: ``10``, on copy starts only (``signature_start_on``).
     signature_dim : int
         Dimensions of the signature's random projection (``≥ 1``; shared by every client, drawn from the seed).
+    signature_start_on : {"copies", "always"}
+        Which runs the signature start parts: ``"copies"`` (the default) those whose ``K`` start models are
+        exact copies of one model (a warm start: no client's loss can tell the clusters apart, so the routing
+        has no signal to part the groups on; clients of other runs are never asked for a signature);
+        ``"always"`` every run.
     """
 
     num_clusters: int = 2
@@ -204,6 +212,7 @@ class RoutingSettings:
     start_updates: int = 1
     signature_hold_rounds: int = 0
     signature_dim: int = 16
+    signature_start_on: str = "copies"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))
@@ -257,6 +266,8 @@ class RoutingSettings:
                self.signature_hold_rounds, f"an integer in [0, {MAX_SIGNATURE_HOLD_ROUNDS}] (0: no signature start)")
         _check(1 <= self.signature_dim <= MAX_SIGNATURE_DIM, "signature_dim", self.signature_dim,
                f"an integer in [1, {MAX_SIGNATURE_DIM}]")
+        _check(self.signature_start_on in SIGNATURE_START_ON, "signature_start_on", self.signature_start_on,
+               f"one of {SIGNATURE_START_ON}")
         _check(0.0 <= self.split_silhouette <= 1.0, "split_silhouette", self.split_silhouette, "[0, 1]")
         _check(self.explore_on in EXPLORE_ON, "explore_on", self.explore_on, f"one of {EXPLORE_ON}")
         _check(self.collapse_patience >= 1, "collapse_patience", self.collapse_patience, "an integer ≥ 1")

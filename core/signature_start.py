@@ -3,7 +3,8 @@
 From a warm start (``K`` copies of one model) under label skew inside groups, every signal the routing reads —
 losses, update directions — follows a client's label mix more than its group, and the runs freeze mixed
 (``docs/algorithm.md``, "The signature start").  What a group shares is what each class looks like.  With
-``signature_hold_rounds = h > 0``:
+``signature_hold_rounds = h > 0``, in every run whose ``K`` start models are exact copies of one model
+(``signature_start_on = "copies"``, the default; ``"always"``: every run; :func:`active_runs`):
 
 1. **Collect.**  A client the server has no signature of sends one with its reply
    (:func:`fedroute.core.signatures.sketched_signatures`: its class counts and each class's mean input on
@@ -35,14 +36,14 @@ from typing import Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.core.copies import assigned_copies
+from fedroute.core.copies import assigned_copies, identical_pools
 from fedroute.core.federation import FederationState
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
-from fedroute.core.signatures import (batch_class_means, refined_parts, shared_class_similarity, sketched_signatures,
-                                      spectral_parts)
+from fedroute.core.signatures import (batch_class_means, has_class_samples, refined_parts, shared_class_similarity,
+                                      sketched_signatures, spectral_parts)
 
-__all__ = ["Signatures", "SignatureState", "SignatureOrders", "collect_rounds", "hold_rounds", "signature_step",
+__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "collect_rounds", "hold_rounds", "signature_step",
            "held_routes", "wants_signature", "signature_orders", "sent_signatures", "parting_report"]
 
 
@@ -80,6 +81,8 @@ class SignatureState:
         The cluster each client is held on (``-1``: none yet).
     parted_round : ndarray of int, shape (R,)
         ``t`` of the round after which each run was parted (``-1``: not yet).
+    active : ndarray of bool, shape (R,)
+        The runs the signature start acts in (:func:`active_runs`); a client of another run is never asked.
     """
 
     means: NDArray[np.float64]
@@ -87,13 +90,16 @@ class SignatureState:
     known: NDArray[np.bool_]
     held: NDArray[np.int64]
     parted_round: NDArray[np.int64]
+    active: NDArray[np.bool_]
 
     @classmethod
-    def initial(cls, num_rows: int, num_runs: int) -> "SignatureState":
-        """No signature yet."""
+    def initial(cls, num_rows: int, num_runs: int,
+                active: Optional[NDArray[np.bool_]] = None) -> "SignatureState":
+        """No signature yet; ``active`` (default: every run) as :func:`active_runs` gives it."""
         return cls(means=np.zeros((num_rows, 0, 0)), counts=np.zeros((num_rows, 0)),
                    known=np.zeros(num_rows, dtype=bool), held=np.full(num_rows, -1, dtype=np.int64),
-                   parted_round=np.full(num_runs, -1, dtype=np.int64))
+                   parted_round=np.full(num_runs, -1, dtype=np.int64),
+                   active=np.ones(num_runs, dtype=bool) if active is None else np.asarray(active, dtype=bool))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -133,6 +139,44 @@ class SignatureState:
         return replace(state, means=updated_means, counts=updated_counts, known=known)
 
 
+def active_runs(start_models: NDArray[np.floating], settings: RoutingSettings,
+                num_runs: int) -> NDArray[np.bool_]:
+    """The runs the signature start acts in, from their start models ``W^0``: shape (R,).
+
+    ``signature_start_on = "always"``: every run.  ``"copies"``: the runs whose ``K`` start models are exact
+    copies of one model (equal bytes, :func:`fedroute.core.copies.identical_pools`) — a warm start, where no
+    client's loss can tell the clusters apart and the routing has nothing to part the groups on.  From any
+    other start the losses carry that signal, and on the suite the held parts then harmed more runs than they
+    recovered (``docs/algorithm.md``, "The signature start").  Both runtimes read it in round
+    0 (:func:`signature_step` and :func:`signature_orders` at ``t = 0``, whose cluster models are ``W^0``) and keep
+    it in :attr:`SignatureState.active`.
+
+    Parameters
+    ----------
+    start_models : ndarray, shape (K, P) or (R, K, P)
+    settings : RoutingSettings
+    num_runs : int
+        ``R``.
+    """
+    if settings.signature_start_on == "always":
+        return np.ones(num_runs, dtype=bool)
+    models = np.asarray(start_models)
+    models = models.reshape(num_runs, models.shape[-2], -1)
+    return np.array([[len(pool) for pool in identical_pools(run_models)] == [len(run_models)]
+                     for run_models in models], dtype=bool)
+
+
+def _started(state: SignatureState, cluster_models: Optional[NDArray[np.floating]], round_index: int,
+             settings: RoutingSettings) -> SignatureState:
+    """``state`` with its active runs read from ``W^0`` in round 0 (:func:`active_runs`); as is after (where
+    ``cluster_models`` may be None: it is not read)."""
+    if round_index != 0:
+        return state
+    if cluster_models is None:
+        raise ValueError("the signature start reads the start models W^0 in round 0: pass cluster_models")
+    return replace(state, active=active_runs(cluster_models, settings, len(state.parted_round)))
+
+
 def collect_rounds(participation: Participation) -> int:
     """Rounds whose signatures the parting waits for: ``⌈1/f⌉`` (each client sampled about once; 1 at ``f = 1``)."""
     return participation.evidence_rounds(1)
@@ -144,9 +188,10 @@ def hold_rounds(settings: RoutingSettings, participation: Participation) -> int:
 
 
 def signature_step(state: SignatureState, federation: FederationState, rows: NDArray[np.int64],
-                   signatures: Optional[Signatures], round_index: int, num_clusters: int, num_runs: int,
-                   settings: RoutingSettings, participation: Participation) -> SignatureState:
-    """The signature start after round ``t`` (module docstring): record, part the runs due, place late clients.
+                   signatures: Optional[Signatures], round_index: int, cluster_models: NDArray[np.floating],
+                   num_runs: int, settings: RoutingSettings, participation: Participation) -> SignatureState:
+    """The signature start after round ``t`` (module docstring): in round 0 read which runs it acts in, then
+    record, part the active runs due, place late clients.
 
     Parameters
     ----------
@@ -159,7 +204,9 @@ def signature_step(state: SignatureState, federation: FederationState, rows: NDA
         The signatures the replies carried.
     round_index : int
         ``t``.
-    num_clusters, num_runs : int
+    cluster_models : ndarray, shape (K, P) or (R, K, P)
+        ``W^t`` (the round's start; read in round 0 only).
+    num_runs : int
     settings : RoutingSettings
     participation : Participation
 
@@ -167,10 +214,11 @@ def signature_step(state: SignatureState, federation: FederationState, rows: NDA
     -------
     SignatureState
     """
-    state = state.grown(len(federation.client_ids))
+    num_clusters = int(np.shape(cluster_models)[-2])
+    state = _started(state, cluster_models, round_index, settings).grown(len(federation.client_ids))
     if signatures is not None and len(signatures.index):
         state = state.recorded(np.asarray(rows)[signatures.index], signatures.means, signatures.counts)
-    for run in range(num_runs):
+    for run in np.flatnonzero(state.active):
         in_run = federation.run_index == run
         if state.parted_round[run] < 0:
             if round_index >= collect_rounds(participation) - 1 and np.sum(state.known & in_run) >= num_clusters:
@@ -247,7 +295,7 @@ def wants_signature(state: Optional[SignatureState], rows: NDArray[np.int64], ru
     known = (rows >= 0) & (rows < len(state.known))
     signed = np.zeros(len(rows), dtype=bool)
     signed[known] = state.known[rows[known]]
-    return open_window & ~signed
+    return open_window & ~signed & state.active[runs]
 
 
 @dataclass(frozen=True)
@@ -267,11 +315,15 @@ class SignatureOrders:
 
 
 def signature_orders(state: Optional[SignatureState], rows: NDArray[np.int64], runs: NDArray[np.int64],
-                     round_index: int, settings: RoutingSettings,
-                     participation: Participation) -> Optional[SignatureOrders]:
-    """:func:`held_routes` and :func:`wants_signature` of the round's clients; None without the signature start."""
+                     round_index: int, settings: RoutingSettings, participation: Participation,
+                     cluster_models: Optional[NDArray[np.floating]]) -> Optional[SignatureOrders]:
+    """:func:`held_routes` and :func:`wants_signature` of the round's clients (``cluster_models``: ``W^t``, read in
+    round 0 for the runs the start acts in, as :func:`signature_step` reads them; None is allowed after round 0);
+    None without the signature start."""
     if settings.signature_hold_rounds <= 0:
         return None
+    if state is not None:
+        state = _started(state, cluster_models, round_index, settings)
     return SignatureOrders(held=held_routes(state, rows, runs, round_index, settings, participation),
                            wanted=wants_signature(state, rows, runs, round_index, settings, participation))
 
@@ -279,10 +331,11 @@ def signature_orders(state: Optional[SignatureState], rows: NDArray[np.int64], r
 def sent_signatures(clients: object, wanted: NDArray[np.bool_], seeds: NDArray[np.int64],
                     dim: int) -> Optional[Signatures]:
     """The signatures a batch of clients sends (:func:`~fedroute.core.signatures.batch_class_means` of the wanted
-    ones, sketched with their run's seed); None when none is wanted.  The Flower ClientApp sends its own with a
+    ones, sketched with their run's seed); None when none is wanted, or when the clients carry no class samples
+    (a regression task: they cannot send one, and are not held).  The Flower ClientApp sends its own with a
     batch of one, the batched simulator the round's batch."""
     index = np.flatnonzero(np.asarray(wanted, dtype=bool))
-    if not len(index):
+    if not len(index) or not has_class_samples(clients):
         return None
     seeds = np.broadcast_to(np.asarray(seeds, dtype=np.int64), np.shape(wanted))[index]
     class_means, class_counts = batch_class_means(clients)
@@ -294,10 +347,19 @@ def sent_signatures(clients: object, wanted: NDArray[np.bool_], seeds: NDArray[n
 
 
 def parting_report(before: Optional[SignatureState], after: Optional[SignatureState], settings: RoutingSettings,
-                   participation: Participation, run: int = 0) -> Optional[str]:
-    """A line for the log when ``run`` was parted in the round between ``before`` and ``after`` (else None):
-    how many clients, the part sizes per cluster, and how long they are held."""
-    if after is None or after.parted_round[run] < 0 or (before is not None and before.parted_round[run] >= 0):
+                   participation: Participation, round_index: int, run: int = 0) -> Optional[str]:
+    """A line for the log after round ``t`` (else None): when ``run`` was parted in that round, how many clients,
+    the part sizes per cluster and how long they are held; when the start should have parted it then but fewer
+    than ``K`` clients had sent a signature, that it waits (clients without class labels send none)."""
+    if after is None or not after.active[run]:
+        return None
+    if after.parted_round[run] < 0:
+        if round_index != collect_rounds(participation) - 1:
+            return None
+        return (f"signature start: after round {round_index} only {int(np.sum(after.known))} clients sent a class "
+                f"signature, fewer than K = {settings.num_clusters}; it parts once K have (a torch client sends one "
+                "when routing_train has signature_data and num_classes); the routing goes on meanwhile")
+    if before is not None and before.parted_round[run] >= 0:
         return None
     held = after.held[after.held >= 0]
     sizes = np.bincount(held, minlength=settings.num_clusters)

@@ -25,8 +25,8 @@ from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
 __all__ = ["MIN_CLASS_SAMPLES", "CLASS_SAMPLE_FIELDS", "class_means", "shared_class_similarity", "spectral_parts",
-           "refined_parts", "signature_parts", "sketch_matrix", "sketched_signatures", "batch_class_means",
-           "labelled_signature"]
+           "refined_parts", "signature_parts", "sketch_matrix", "sketched_signatures", "has_class_samples",
+           "batch_class_means", "labelled_signature"]
 
 CLASS_SAMPLE_FIELDS = ("train_inputs", "train_labels", "train_weights", "num_classes")
 """What a :class:`~fedroute.core.task.ClientBatch` carries for :func:`batch_class_means` (the classification tasks)."""
@@ -221,6 +221,12 @@ def sketched_signatures(means: NDArray[np.floating], counts: NDArray[np.integer]
     """Class means ``(n, C, F)`` projected to ``(n, C, d)`` (:func:`sketch_matrix`), and the counts as floats."""
     means = np.asarray(means, dtype=np.float64)
     return means @ sketch_matrix(means.shape[-1], dim, seed), np.asarray(counts, dtype=np.float64)
+
+
+def has_class_samples(clients: object) -> bool:
+    """Whether a batch of clients carries its class samples (:data:`CLASS_SAMPLE_FIELDS`): a classification task
+    whose clients can send a signature."""
+    return all(hasattr(clients, name) for name in CLASS_SAMPLE_FIELDS)
 
 
 def batch_class_means(clients: object) -> tuple[NDArray[np.float64], NDArray[np.int64]]:

@@ -307,7 +307,8 @@ def run_rounds(algorithm: RoundAlgorithm, tasks: Sequence[Task], federation: Fed
         played = federation.playing(round_index, participation)
         rows = np.flatnonzero(played)
         runs = federation.run_of_client[rows]
-        orders = signature_orders(server.signatures, rows, runs, round_index, settings, participation)
+        orders = signature_orders(server.signatures, rows, runs, round_index, settings, participation,
+                                  algorithm.cluster_parts(models) if round_index == 0 else None)
         client_state, step = algorithm.client_step(models, client_state, federation, rows, masses,
                                                    _view_of(server, runs), round_index, num_rounds, orders)
         previous = models

@@ -139,7 +139,7 @@ class RoutingAdapter(Strategy):
         state.grid = grid
         node_ids = self._sample_nodes(grid, server_round)
         orders = node_orders(state.server, state.bindings.client_of_node, node_ids, server_round - 1, self.routing,
-                             self.participation)
+                             self.participation, state.cluster_models)
         return self._messages(node_ids, MessageType.TRAIN, orders=orders, config={
             **dict(config.items()), protocol.PHASE: protocol.PHASE_TRAIN, protocol.SERVER_ROUND: server_round,
             protocol.ROUND_INDEX: server_round - 1, protocol.NUM_ROUNDS: state.num_rounds,

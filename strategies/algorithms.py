@@ -102,7 +102,7 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
     outcome, state.server = server_step(protocol.stack_flat(state.cluster_models),
                                         replace(state.server, federation=federation), replies, round_index,
                                         rules.routing, rules.participation, rules.influence)
-    if report := parting_report(before, state.server.signatures, rules.routing, rules.participation):
+    if report := parting_report(before, state.server.signatures, rules.routing, rules.participation, round_index):
         logger.info(report)
     if valid:
         state.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]

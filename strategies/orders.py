@@ -8,11 +8,12 @@ functions the batched simulator calls (:func:`fedroute.core.signature_start.sign
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 import numpy as np
 from flwr.app import ConfigRecord
+from numpy.typing import NDArray
 
 from fedroute import protocol
 from fedroute.core.participation import Participation
@@ -24,12 +25,16 @@ __all__ = ["node_orders"]
 
 
 def node_orders(server: ServerState, client_of_node: dict[int, int], node_ids: Sequence[int], round_index: int,
-                settings: RoutingSettings, participation: Participation) -> Optional[dict[int, ConfigRecord]]:
-    """Node id → its :data:`~fedroute.protocol.SIGNATURE_ORDERS` record for round ``t``; None without the start."""
+                settings: RoutingSettings, participation: Participation,
+                cluster_models: Sequence[Mapping[str, NDArray]]) -> Optional[dict[int, ConfigRecord]]:
+    """Node id → its :data:`~fedroute.protocol.SIGNATURE_ORDERS` record for round ``t``; None without the start.
+    ``cluster_models`` (``W^t``) are read in round 0 only: which runs the start acts in."""
+    if settings.signature_hold_rounds <= 0:
+        return None
     row_of = {int(client): row for row, client in enumerate(server.federation.client_ids)}
     rows = np.array([row_of.get(client_of_node.get(node, -1), -1) for node in node_ids], dtype=np.int64)
     orders = signature_orders(server.signatures, rows, np.zeros(len(rows), dtype=np.int64), round_index, settings,
-                              participation)
+                              participation, protocol.stack_flat(cluster_models) if round_index == 0 else None)
     if orders is None:
         return None
     held = np.full(len(rows), -1, dtype=np.int64) if orders.held is None else orders.held

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedroute.core.methods import EXP3
-from fedroute.core.settings import EXPLORE_ON, EXP3_MODES, MASS_THRESHOLD_UNITS, TIE_BREAKING, RoutingSettings
+from fedroute.core.settings import (EXP3_MODES, EXPLORE_ON, MASS_THRESHOLD_UNITS, SIGNATURE_START_ON, TIE_BREAKING,
+                                    RoutingSettings)
 from fedroute.server.run_config import ROUTING_KEYS, parse_run_config
 from fedroute.cli import main
 
@@ -96,7 +97,7 @@ def test_every_task_is_built_from_run_config_keys(tmp_path: Path) -> None:
 
 
 _CHOICES = {"exp3_mode": EXP3_MODES, "tie_breaking": TIE_BREAKING, "mass_threshold_unit": MASS_THRESHOLD_UNITS,
-            "explore_on": EXPLORE_ON}
+            "explore_on": EXPLORE_ON, "signature_start_on": SIGNATURE_START_ON}
 """The values of the routing settings that are words."""
 
 

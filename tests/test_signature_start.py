@@ -16,8 +16,8 @@ from fedroute.core.methods import method_settings
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.settings import RoutingSettings
-from fedroute.core.signature_start import (Signatures, SignatureState, collect_rounds, held_routes, hold_rounds,
-                                           signature_step, wants_signature)
+from fedroute.core.signature_start import (Signatures, SignatureState, active_runs, collect_rounds, held_routes,
+                                           hold_rounds, signature_orders, signature_step, wants_signature)
 from fedroute.core.signatures import (batch_class_means, labelled_signature, refined_parts, sketch_matrix,
                                       sketched_signatures)
 from fedroute.server.run_config import parse_run_config
@@ -49,6 +49,8 @@ def _federation(client_ids: np.ndarray, routes: np.ndarray) -> FederationState:
 
 
 SETTINGS = RoutingSettings(num_clusters=2, controllers=("gr",), signature_hold_rounds=3)
+COPIES = np.zeros((2, 3))
+"""``W^0``: two copies of one model (the signature start acts, ``signature_start_on = "copies"``)."""
 
 
 def test_the_parts_follow_the_groups_and_each_goes_to_the_cluster_its_clients_routed_to() -> None:
@@ -57,7 +59,7 @@ def test_the_parts_follow_the_groups_and_each_goes_to_the_cluster_its_clients_ro
     routes = np.where(groups == 0, 1, 0)                                # group 0 routed to cluster 1
     federation = _federation(np.arange(8), routes)
     state = signature_step(SignatureState.initial(8, 1), federation, np.arange(8),
-                           Signatures(np.arange(8), means, counts), 0, 2, 1, SETTINGS, Participation())
+                           Signatures(np.arange(8), means, counts), 0, COPIES, 1, SETTINGS, Participation())
     assert state.parted_round.tolist() == [0]
     assert state.held.tolist() == routes.tolist()
     # Held in rounds 1..3 (h = 3 with every client every round), free from round 4.
@@ -77,11 +79,11 @@ def test_under_partial_participation_it_waits_for_the_first_rounds_and_a_late_cl
     for t, rows in enumerate(([0, 1], [2, 3], [4], [5, 6])):            # 7 clients in the first 4 rounds
         rows = np.array(rows)
         state = signature_step(state, federation, rows, Signatures(np.arange(len(rows)), means[rows], counts[rows]),
-                               t, 2, 1, SETTINGS, participation)
+                               t, COPIES, 1, SETTINGS, participation)
         assert state.parted_round[0] == (3 if t == 3 else -1)
     assert state.held[:7].tolist() == groups[:7].tolist() and state.held[7:].tolist() == [-1] * 3
     late = np.array([9, 8])
-    state = signature_step(state, federation, late, Signatures(np.arange(2), means[late], counts[late]), 5, 2, 1,
+    state = signature_step(state, federation, late, Signatures(np.arange(2), means[late], counts[late]), 5, COPIES, 1,
                            SETTINGS, participation)
     assert state.held.tolist()[:10] == groups.tolist()[:7] + [-1, 0, 1]
     # Held through round 3 + 12 = 15; client 7 (no signature yet) is free and asked for it.
@@ -104,7 +106,8 @@ def test_refinement_moves_a_misplaced_client_to_its_most_similar_part_and_never_
 def test_no_parting_before_k_clients_have_sent_a_signature() -> None:
     means, counts = _group_signatures(np.array([0]))
     state = signature_step(SignatureState.initial(1, 1), _federation(np.arange(1), np.zeros(1, np.int64)),
-                           np.arange(1), Signatures(np.arange(1), means, counts), 5, 2, 1, SETTINGS, Participation())
+                           np.arange(1), Signatures(np.arange(1), means, counts), 5, COPIES, 1, SETTINGS,
+                           Participation())
     assert state.parted_round.tolist() == [-1]
 
 
@@ -170,18 +173,52 @@ def test_the_state_survives_a_checkpoint() -> None:
     assert ServerState.from_json(state.to_json()).signatures.shape == (0, 0)
     means, counts = _group_signatures(np.array([0, 1, 0, 1]))
     signatures = signature_step(state.signatures, _federation(np.arange(4), np.array([0, 1, 0, 1])), np.arange(4),
-                                Signatures(np.arange(4), means, counts), 0, 2, 1, settings, Participation())
+                                Signatures(np.arange(4), means, counts), 0, COPIES, 1, settings, Participation())
     restored = ServerState.from_json(replace(state, signatures=signatures).to_json()).signatures
     for name in ("means", "counts", "known", "held", "parted_round"):
         np.testing.assert_array_equal(getattr(restored, name), getattr(signatures, name))
         assert getattr(restored, name).dtype == getattr(signatures, name).dtype
 
 
-def test_the_simulator_refuses_a_task_without_class_samples_naming_the_setting() -> None:
-    settings = replace(method_settings("greedy", num_clusters=2), signature_hold_rounds=2)
+def test_clients_without_class_samples_send_no_signature_and_the_run_is_the_run_without_the_start() -> None:
     task = parse_run_config(app_run_config({"task": "linear", "num-clients": 6})).task
-    with pytest.raises(ValueError, match="signature_hold_rounds"):
-        simulate(task, settings, 3, 0)
+    without = simulate(task, method_settings("exp3", num_clusters=2, signature_hold_rounds=0), 6, 0)
+    asked = simulate(task, method_settings("exp3", num_clusters=2, signature_hold_rounds=2,
+                                           signature_start_on="always"), 6, 0)
+    np.testing.assert_array_equal(asked.routes, without.routes)
+    np.testing.assert_array_equal(asked.cluster_models, without.cluster_models)
+
+
+def test_the_start_acts_only_in_runs_whose_start_models_are_copies() -> None:
+    settings = method_settings("exp3", num_clusters=3)                  # the generic default: h = 10, on copies
+    assert settings.signature_hold_rounds == 10 and settings.signature_start_on == "copies"
+    assert method_settings("exp3", num_clusters=3, preset="gmm").signature_hold_rounds == 0   # presets: off
+    warm, other = np.ones((3, 5)), np.arange(15.0).reshape(3, 5)
+    partly = np.stack([warm[0], warm[0], other[2]])                                 # two copies and one other
+    assert active_runs(np.stack([warm, other, partly]), settings, 3).tolist() == [True, False, False]
+    assert active_runs(other, replace(settings, signature_start_on="always"), 1).tolist() == [True]
+    federation = _federation(np.arange(4), np.zeros(4, np.int64))
+    asked = [signature_orders(SignatureState.initial(4, 1), np.arange(4), np.zeros(4, np.int64), 0, settings,
+                              Participation(), models).wanted.tolist() for models in (warm, other)]
+    assert asked == [[True] * 4, [False] * 4]
+    means, counts = _group_signatures(np.array([0, 1, 2, 0]))
+    for models, parted in ((warm, 0), (other, -1)):
+        state = signature_step(SignatureState.initial(4, 1), federation, np.arange(4),
+                               Signatures(np.arange(4), means, counts), 0, models, 1, settings, Participation())
+        assert state.parted_round.tolist() == [parted] and state.active.tolist() == [parted == 0]
+    with pytest.raises(ValueError, match="cluster_models"):
+        signature_orders(SignatureState.initial(4, 1), np.arange(4), np.zeros(4, np.int64), 0, settings,
+                         Participation(), None)
+    with pytest.raises(ValueError, match="signature_start_on.*copies"):
+        method_settings("exp3", signature_start_on="never")
+
+
+def test_a_checkpoint_from_before_the_active_runs_loads_with_every_run_active() -> None:
+    settings = replace(SETTINGS, signature_start_on="always")
+    state = server_init(FederationState.of_clients(np.arange(4), 2), 1, 2, settings)
+    stored = state.to_json()
+    del stored["signatures"]["active"]
+    assert ServerState.from_json(stored).signatures.active.tolist() == [True]
 
 
 def test_the_run_config_refuses_the_signature_start_on_a_task_without_classes_before_flower_starts() -> None:
@@ -205,11 +242,13 @@ def _flower_run(run_config: dict[str, Any], method: str, fraction: float) -> tup
     return builtin_run(run_config, method, grid, fraction, num_models=3), grid
 
 
-@pytest.mark.parametrize("method, fraction", [("exp3", 1.0), ("greedy", 0.5)])
-def test_flower_equals_the_simulator_with_the_signature_start(method: str, fraction: float) -> None:
+@pytest.mark.parametrize("method, fraction, start_on", [("exp3", 1.0, "always"), ("greedy", 0.5, "always"),
+                                                        ("exp3", 0.5, "copies")])
+def test_flower_equals_the_simulator_with_the_signature_start(method: str, fraction: float, start_on: str) -> None:
     run_config = app_run_config({"task": "boundaries", "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS,
                                  "seed": SEED, "fraction-train": fraction, "preset": "generic", "init": "warm",
-                                 "num-clusters": 3, "method": method, "signature-hold-rounds": 3})
+                                 "num-clusters": 3, "method": method, "signature-hold-rounds": 3,
+                                 "signature-start-on": start_on})
     settings = parse_run_config(run_config)
     assert settings.routing[method].signature_hold_rounds == 3
     strategy, grid = _flower_run(run_config, method, fraction)
@@ -221,6 +260,12 @@ def test_flower_equals_the_simulator_with_the_signature_start(method: str, fract
     np.testing.assert_allclose(np.stack([m["weights"] for m in strategy.cluster_models]),
                                history.cluster_models[-1], rtol=0, atol=1e-9)
     signatures = strategy.state.server.signatures
+    if start_on == "copies":  # this task's three start models differ: nobody is asked, parted or held
+        assert signatures.active.tolist() == [False] and signatures.parted_round.tolist() == [-1]
+        assert not any(m.content.config_records[protocol.SIGNATURE_ORDERS][protocol.SEND_SIGNATURE]
+                       for m in grid.sent if m.metadata.message_type == MessageType.TRAIN)
+        assert not signatures.known.any() and (signatures.held < 0).all()
+        return
     assert signatures.parted_round.tolist() == [collect_rounds(participation) - 1]
     # Every held client trained its part's cluster in the hold rounds.
     start, end = signatures.parted_round[0] + 1, signatures.parted_round[0] + hold_rounds(
@@ -307,20 +352,34 @@ def test_a_torch_client_sends_its_signature_once_and_trains_its_held_cluster(cap
     assert len(asked) == 1
 
 
-def test_a_torch_client_without_signature_data_is_told_what_to_pass() -> None:
+def test_a_torch_client_without_signature_data_sends_none_is_told_once_and_routes_freely(caplog: Any) -> None:
+    import logging
+
     import torch
 
     from fedroute import cluster_models_from_torch
+    from fedroute.client import torch_adapter
 
-    settings = replace(method_settings("greedy", num_clusters=2), signature_hold_rounds=2)
-    strategy = ClusteredRouting(settings, min_available_nodes=3, seed=1, progress_interval=None)
+    torch_adapter._SAID.clear()                                          # said once per process: from here
+    settings = method_settings("exp3", num_clusters=2)                  # the generic default: on from copies
+    strategy = ClusteredRouting(settings, min_available_nodes=3, seed=1, progress_interval=None,
+                                evaluate_at_end=False)
     grid = InProcessGrid(_torch_user_app(False), 3)
     warm = torch.nn.Linear(4, 3)
-    strategy.cluster_models = [{name: a.numpy() for name, a in r.items()}
-                               for r in cluster_models_from_torch([warm, warm])]
-    (message, *_) = strategy.configure_train(1, strategy.state.packed_models(), ConfigRecord(), grid)
-    with pytest.raises(ValueError, match="signature_data.*signature-hold-rounds"):
-        grid.handlers[MessageType.TRAIN](message, grid.contexts[message.metadata.dst_node_id])
+    with caplog.at_level(logging.INFO, logger="fedroute"):
+        strategy.start(grid, cluster_models_from_torch([warm, warm]), num_rounds=3)
+    told = [r for r in caplog.records if "no signature_data" in r.getMessage()]
+    assert len(told) == 1 and "pass signature_data and num_classes to routing_train" in told[0].getMessage()
+    asked = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN
+             and m.content.config_records[protocol.SIGNATURE_ORDERS][protocol.SEND_SIGNATURE]]
+    assert len(asked) == 9                                              # asked every round: it never sent one
+    signatures = strategy.state.server.signatures
+    assert not signatures.known.any() and signatures.parted_round.tolist() == [-1]
+    assert all(len(strategy.client_routes[t]) == 3 for t in range(3))  # every reply accepted, every round
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("signature start:")]
+    assert waits == ["signature start: after round 0 only 0 clients sent a class signature, fewer than K = 2; it "
+                     "parts once K have (a torch client sends one when routing_train has signature_data and "
+                     "num_classes); the routing goes on meanwhile"]
 
 
 def test_the_signature_rule_configuration_and_a_short_suite_of_it() -> None:

@@ -710,12 +710,14 @@ def signature_start_config(config: ScenarioConfig) -> ScenarioConfig:
 
 
 def signature_rule_config(config: ScenarioConfig) -> ScenarioConfig:
-    """``--config signature-rule``: Greedy and the generic default with the signature start (the routing rule, an
-    option: ``signature_hold_rounds = 10``) on every scenario whose clients carry class samples, from each scenario's
-    own starts, on the evaluation seeds (docs/algorithm.md, "The signature start")."""
+    """``--config signature-rule``: Greedy and the generic default with the signature start in every run
+    (``signature_hold_rounds = 10``, ``signature_start_on = "always"``; the default acts from copy starts only) on
+    every scenario whose clients carry class samples, from each scenario's own starts, on the evaluation seeds
+    (docs/algorithm.md, "The signature start")."""
     scenarios = tuple(name for name, scenario in SCENARIOS.items() if scenario.task in CLASS_SAMPLE_TASKS)
     return replace(config, scenarios=scenarios, methods=(GREEDY, SIGNATURE_RULE),
-                   variants={SIGNATURE_RULE: {"signature_hold_rounds": SIGNATURE_HOLD_ROUNDS}},
+                   variants={SIGNATURE_RULE: {"signature_hold_rounds": SIGNATURE_HOLD_ROUNDS,
+                                              "signature_start_on": "always"}},
                    name="scenarios-signature-rule")
 
 

@@ -23,8 +23,9 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     num_clusters, seed = int(config["num-clusters"]), int(config["seed"])
     # The generic default (no preset): meant for a model the paper never ran.
+    hold = config.get("signature-hold-rounds", "auto")
     routing = method_settings(str(config["method"]), num_clusters=num_clusters,
-                              signature_hold_rounds=int(config.get("signature-hold-rounds", 0)))
+                              signature_hold_rounds=None if hold == "auto" else int(hold))
     strategy = ClusteredRouting(
         routing,
         fraction_train=float(config["fraction-train"]),
