@@ -23,9 +23,10 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     num_clusters, seed = int(config["num-clusters"]), int(config["seed"])
     # The generic default (no preset): meant for a model the paper never ran.
-    hold = config.get("signature-hold-rounds", "auto")
+    hold, start_on = config.get("signature-hold-rounds", "auto"), config.get("signature-start-on", "auto")
     routing = method_settings(str(config["method"]), num_clusters=num_clusters,
-                              signature_hold_rounds=None if hold == "auto" else int(hold))
+                              signature_hold_rounds=None if hold == "auto" else int(hold),
+                              signature_start_on=None if start_on == "auto" else str(start_on))
     strategy = ClusteredRouting(
         routing,
         fraction_train=float(config["fraction-train"]),
