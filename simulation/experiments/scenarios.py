@@ -24,6 +24,7 @@ Seeds: the suite runs on the *evaluation* seeds ``0 … seeds−1``; the generic
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache, partial
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -738,12 +739,23 @@ def _references(config: ScenarioConfig, sweep: Sweep) -> pd.DataFrame:
 
 def _rows_on_workers(sweep: Sweep, rows_of: Callable[..., list[dict[str, Any]]],
                      jobs: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """``rows_of(*job)`` for every job, on the sweep's workers when it has a runner, the rows in job order."""
-    if sweep.runner is None or not jobs:
-        tables = [rows_of(*job) for job in jobs]
-    else:
-        done = dict(sweep.runner.run(rows_of, jobs))
-        tables = [done[index] for index in range(len(jobs))]
+    """``rows_of(*job)`` for every job, on the sweep's workers when it has a runner, the rows in job order; with
+    ``sweep.progress`` a bar of finished jobs on stderr (the references take most of the suite's time)."""
+    from tqdm.auto import tqdm
+
+    label = rows_of.__name__.strip("_").replace("_", " ")
+    with tqdm(total=len(jobs), unit="chunk", desc=label, disable=not sweep.progress, file=sys.stderr) as bar:
+        if sweep.runner is None or not jobs:
+            tables = []
+            for job in jobs:
+                tables.append(rows_of(*job))
+                bar.update(1)
+        else:
+            done = {}
+            for index, table in sweep.runner.run(rows_of, jobs):
+                done[index] = table
+                bar.update(1)
+            tables = [done[index] for index in range(len(jobs))]
     return [row for table in tables for row in table]
 
 
