@@ -434,6 +434,10 @@ class AlarmMonitor:
             return []
         chosen = sorted(preferred)
         if all(tied_for_all[k] for k in unattractive):
+            if self.random_ties:
+                # Identical copies under random ties: which copy no client drew this round is chance (likely with
+                # few clients a round), not a collapse; the duplication INFO already says they are copies.
+                return []
             # Identical copies: every client's losses tie, and the lowest index wins argmin.
             tied = [k for k in range(self.num_clusters) if tied_for_all[k]]
             preference = (f"every client's losses tie exactly between {_names(tied)} — identical copies? Routing "

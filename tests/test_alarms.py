@@ -103,6 +103,17 @@ def test_a_warm_start_with_random_ties_raises_no_warning() -> None:
     assert "Start them from different models" not in events[0].message
 
 
+def test_a_copy_that_no_client_drew_under_random_ties_is_no_collapsed_entrance() -> None:
+    """Seen in a Ray run of 40 nodes at fraction 0.25 from K = 4 copies: the sampled clients' random tie-breaks
+    missed cluster 3 in round 0, and a collapsed-entrance WARNING told the user the recommended start was wrong."""
+    copies = np.tile([[1.0, 1.0, 1.0, 1.0]], (3, 1))
+    drawn = np.array([0, 1, 1])                                     # nobody drew clusters 2 and 3
+    events = AlarmMonitor(4, random_ties=True).observe(0, copies, drawn, preferred=drawn)
+    assert events and all(event.level == logging.INFO and event.kind == DUPLICATION for event in events)
+    lowest = AlarmMonitor(4).observe(0, copies, np.zeros(3, dtype=np.int64))   # lowest-index ties: a real collapse
+    assert [event.kind for event in lowest if event.level == logging.WARNING][0] == COLLAPSED_ENTRANCE
+
+
 def test_a_spare_cluster_raises_no_starvation_warning_and_is_reported_as_spare() -> None:
     monitor = AlarmMonitor(3, AlarmSettings(starvation_rounds=3), controllers=("gr", "rh"))
     losses = np.array([[1.0, 3.0, 5.0], [3.0, 1.0, 5.0]])
