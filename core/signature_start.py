@@ -43,8 +43,8 @@ from fedroute.core.settings import RoutingSettings
 from fedroute.core.signatures import (batch_class_means, has_class_samples, refined_parts, shared_class_similarity,
                                       sketched_signatures, spectral_parts)
 
-__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "collect_rounds", "hold_rounds", "signature_step",
-           "held_routes", "wants_signature", "signature_orders", "sent_signatures", "parting_report"]
+__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "collect_rounds", "hold_rounds",
+           "signature_step", "held_routes", "wants_signature", "signature_orders", "sent_signatures", "parting_report"]
 
 
 @dataclass(frozen=True)
