@@ -238,11 +238,12 @@ def batch_class_means(clients: object) -> tuple[NDArray[np.float64], NDArray[np.
     ValueError
         Naming the fields the task's clients lack (only classification tasks with their samples have a signature).
     """
-    missing = [name for name in CLASS_SAMPLE_FIELDS if not hasattr(clients, name)]
-    if missing:
-        raise invalid("routing setting 'signature_hold_rounds'", "> 0",
-                      f"0 for a task whose clients do not carry {', '.join(missing)} (the signature start needs a "
-                      "classification task's samples; a torch client passes signature_data)")
+    if not has_class_samples(clients):
+        missing = [name for name in CLASS_SAMPLE_FIELDS if not hasattr(clients, name)]
+        raise invalid("clients", f"a batch without {', '.join(missing)}", "a batch that carries "
+                      f"{', '.join(CLASS_SAMPLE_FIELDS)} (a classification task's samples)",
+                      "ask has_class_samples(clients) first: a task without them has no signature (the signature "
+                      "start's clients then send none)")
     inputs = np.asarray(getattr(clients, "train_inputs"))
     return class_means(inputs.reshape(inputs.shape[0], inputs.shape[1], -1), getattr(clients, "train_labels"),
                        getattr(clients, "train_weights"), int(getattr(clients, "num_classes")))

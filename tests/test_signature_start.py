@@ -187,6 +187,8 @@ def test_clients_without_class_samples_send_no_signature_and_the_run_is_the_run_
                                            signature_start_on="always"), 6, 0)
     np.testing.assert_array_equal(asked.routes, without.routes)
     np.testing.assert_array_equal(asked.cluster_models, without.cluster_models)
+    with pytest.raises(ValueError, match="clients.*without train_inputs.*has_class_samples"):
+        batch_class_means(task.clients(np.arange(2)))                   # asked directly, it names what is missing
 
 
 def test_the_start_acts_only_in_runs_whose_start_models_are_copies() -> None:

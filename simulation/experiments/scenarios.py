@@ -37,7 +37,7 @@ from fedroute.core.fedcam import task_uses_output_sum
 from fedroute.core.influence import InfluenceBounds
 from fedroute.core.randomness import Purpose, generator
 from fedroute.core.settings import RoutingSettings
-from fedroute.core.signatures import CLASS_SAMPLE_FIELDS, signature_parts
+from fedroute.core.signatures import has_class_samples, signature_parts
 from fedroute.core.validation import invalid
 from fedroute.simulation.experiments.kit import (
     Experiment, ExperimentConfig, Results, RunLosses, StartedTask, Sweep, Variant, claim, greedy_of_cell, number,
@@ -339,7 +339,7 @@ def signature_start(task: Task, warm: NDArray[np.floating], num_clusters: int,
     client does not send (docs/algorithm.md, "The suite").  Needs a classification task whose clients carry their
     samples (``train_inputs``, ``train_labels``, ``train_weights``: the MLP tasks)."""
     clients = task.clients(np.arange(task.num_clients))
-    if not all(hasattr(clients, name) for name in CLASS_SAMPLE_FIELDS):
+    if not has_class_samples(clients):
         raise invalid("start", "signature", "a start of a classification task whose clients carry their samples "
                       "(digits, boundaries and their scenarios)", "use the warm, noisy or random start")
     inputs = np.asarray(clients.train_inputs)
