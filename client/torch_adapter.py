@@ -354,7 +354,7 @@ class TorchClient:
         then sends none and is not held; said once per process at INFO)."""
         if self.signature_data is None or self.num_classes is None:
             _say_once(logger.info, "the server asked for this client's class signature (the signature start, "
-                      "signature-hold-rounds > 0; on by default when the clusters start as copies of one model). "
+                      "signature-hold-rounds > 0, on by default: it parts copy starts and label-skewed clients). "
                       "This client has no signature_data, so it sends none and routes freely; pass signature_data "
                       "and num_classes to routing_train to take part, or set signature-hold-rounds = 0 on the server")
             return None

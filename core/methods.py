@@ -176,7 +176,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     entry_threshold=0.0,
     hysteresis_max_rounds=AUTONOMOUS_MAX_ROUNDS,
     signature_hold_rounds=10,
-    signature_start_on="copies",
+    signature_start_on="copies-or-skew",
 )
 """The generic default's routing (``exp3`` and ``sync-entry`` without a preset); see
 ``docs/algorithm.md``, "The generic default", for why each value."""

@@ -129,11 +129,13 @@ class ServerState:
 
 
 def _with_active(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
-    """A stored signature state with its active runs added when it predates them (every run: the option as it
-    was, ``signature_start_on = "always"``)."""
-    if stored is None or "active" in stored:
+    """A stored signature state with the fields it predates: its active runs (every run: the option as it was,
+    ``signature_start_on = "always"``) and its copy starts (the active runs: a run the start acted in then is
+    parted whatever its class counts, as it was)."""
+    if stored is None:
         return stored
-    return {**stored, "active": [True] * len(stored["parted_round"])}
+    active = stored.get("active", [True] * len(stored["parted_round"]))
+    return {**stored, "active": active, "copy_start": stored.get("copy_start", active)}
 
 
 def _with_structure(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
@@ -152,7 +154,8 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
            "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
            "read_whole": bool, "apart_rounds": np.int64, "means": np.float64, "counts": np.float64, "known": bool,
-           "held": np.int64, "parted_round": np.int64, "active": bool}
+           "held": np.int64, "parted_round": np.int64, "active": bool,
+           "copy_start": bool}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -175,7 +178,8 @@ def server_init(federation: FederationState, num_runs: int, num_clusters: int,
     """
     health = ClusterHealth.initial(num_runs, num_clusters)
     signatures = SignatureState.initial(len(federation.client_ids), num_runs,
-                                        np.full(num_runs, settings.signature_start_on == "always")) \
+                                        np.full(num_runs, settings.signature_start_on != "copies"),
+                                        np.zeros(num_runs, dtype=bool)) \
         if settings is not None and settings.signature_hold_rounds > 0 else None
     if settings is None or not reads_health(settings):
         return ServerState(federation=federation, estimate=None, health=health, view=None, signatures=signatures)

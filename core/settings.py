@@ -17,7 +17,7 @@ EXP3_MODES = ("block", "action")
 EXPLORE_ON = ("always", "collapse")
 TIE_BREAKING = ("lowest", "random")
 MASS_THRESHOLD_UNITS = ("mass", "fair-share")
-SIGNATURE_START_ON = ("copies", "always")
+SIGNATURE_START_ON = ("copies-or-skew", "copies", "always")
 MAX_START_UPDATES = 1000
 """Largest ``start_updates``: a probe is a few dozen local updates, not a training run."""
 MAX_SIGNATURE_HOLD_ROUNDS = 10_000
@@ -164,14 +164,18 @@ class RoutingSettings:
         replies later joins the part it is most similar to (:mod:`fedroute.core.signature_start`).  A client
         that sends one reveals its class counts and ``signature_dim`` random projections of each class's mean
         input; a client that cannot (no class labels, a torch client without ``signature_data``) sends none and
-        is not held.  Presets: ``0``; the generic default: ``10``, on copy starts only (``signature_start_on``).
+        is not held.  Presets: ``0``; the generic default: ``10``, on copy starts and under label skew
+        (``signature_start_on``).
     signature_dim : int
         Dimensions of the signature's random projection (``≥ 1``; shared by every client, drawn from the seed).
-    signature_start_on : {"copies", "always"}
-        Which runs the signature start parts: ``"copies"`` (the default) those whose ``K`` start models are
-        exact copies of one model (a warm start: no client's loss can tell the clusters apart, so the routing
-        has no signal to part the groups on; clients of other runs are never asked for a signature);
-        ``"always"`` every run.
+    signature_start_on : {"copies-or-skew", "copies", "always"}
+        Which runs the signature start parts: ``"copies-or-skew"`` (the default) the runs whose ``K`` start
+        models are exact copies of one model (a warm start: no client's loss can tell the clusters apart, so the
+        routing has no signal to part the groups on), and the others whose clients' class counts, sent with
+        their signatures in the collect rounds, show label skew (:mod:`fedroute.core.label_skew`: there the
+        losses follow each client's label mix more than its group); a run it declines asks nobody again.
+        ``"copies"``: copy starts only (clients of other runs are never asked for a signature); ``"always"``:
+        every run.
     """
 
     num_clusters: int = 2
@@ -212,7 +216,7 @@ class RoutingSettings:
     start_updates: int = 1
     signature_hold_rounds: int = 0
     signature_dim: int = 16
-    signature_start_on: str = "copies"
+    signature_start_on: str = "copies-or-skew"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "controllers", tuple(self.controllers))

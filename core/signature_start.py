@@ -3,8 +3,9 @@
 From a warm start (``K`` copies of one model) under label skew inside groups, every signal the routing reads —
 losses, update directions — follows a client's label mix more than its group, and the runs freeze mixed
 (``docs/algorithm.md``, "The signature start").  What a group shares is what each class looks like.  With
-``signature_hold_rounds = h > 0``, in every run whose ``K`` start models are exact copies of one model
-(``signature_start_on = "copies"``, the default; ``"always"``: every run; :func:`active_runs`):
+``signature_hold_rounds = h > 0``, in every run whose ``K`` start models are exact copies of one model, and in
+the other runs whose clients' class counts show label skew (``signature_start_on = "copies-or-skew"``, the default;
+``"copies"``: copy starts only; ``"always"``: every run; :func:`active_runs`, :mod:`fedroute.core.label_skew`):
 
 1. **Collect.**  A client the server has no signature of sends one with its reply
    (:func:`fedroute.core.signatures.sketched_signatures`: its class counts and each class's mean input on
@@ -14,7 +15,10 @@ losses, update directions — follows a client's label mix more than its group, 
    (:func:`~fedroute.core.signatures.shared_class_similarity`, :func:`~fedroute.core.signatures.spectral_parts`
    refined client by client, :func:`~fedroute.core.signatures.refined_parts`; clients in id order) and gives
    each part a cluster: heaviest part first, to the free cluster its clients' latest routes carry the most
-   weight to (:func:`fedroute.core.copies.assigned_copies`).
+   weight to (:func:`fedroute.core.copies.assigned_copies`).  A run from other start models is parted only
+   when, at that first chance, at least ``K`` clients have sent one and their class counts show label skew
+   (:func:`~fedroute.core.label_skew.label_skew`); otherwise the start *declines* it for good: its clients are
+   not asked again and nobody is held (the losses carry the groups there).
 3. **Hold.**  For the next ``⌈h/f⌉`` rounds (:func:`hold_rounds`: about ``h`` rounds of each client) a client
    with a part is *held*: it trains its part's cluster (:func:`held_routes`; the agent's exploitation step
    on that route, no EXP3 update).  A client whose first signature arrives after the parting joins the part
@@ -38,13 +42,15 @@ from numpy.typing import NDArray
 
 from fedroute.core.copies import assigned_copies, identical_pools
 from fedroute.core.federation import FederationState
+from fedroute.core.label_skew import LabelSkew, label_skew
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signatures import (batch_class_means, has_class_samples, refined_parts, shared_class_similarity,
                                       sketched_signatures, spectral_parts)
 
-__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "collect_rounds", "hold_rounds",
-           "signature_step", "held_routes", "wants_signature", "signature_orders", "sent_signatures", "parting_report"]
+__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "copy_starts", "run_label_skew",
+           "collect_rounds", "hold_rounds", "signature_step", "held_routes", "wants_signature", "signature_orders",
+           "sent_signatures", "parting_report"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,10 @@ class SignatureState:
     parted_round : ndarray of int, shape (R,)
         ``t`` of the round after which each run was parted (``-1``: not yet).
     active : ndarray of bool, shape (R,)
-        The runs the signature start acts in (:func:`active_runs`); a client of another run is never asked.
+        The runs the signature start acts in (:func:`active_runs`; a run it declines turns False); a client of
+        another run is not asked.
+    copy_start : ndarray of bool, shape (R,)
+        The runs whose ``K`` start models are copies of one model (:func:`copy_starts`): parted whatever the counts.
     """
 
     means: NDArray[np.float64]
@@ -91,15 +100,19 @@ class SignatureState:
     held: NDArray[np.int64]
     parted_round: NDArray[np.int64]
     active: NDArray[np.bool_]
+    copy_start: NDArray[np.bool_]
 
     @classmethod
-    def initial(cls, num_rows: int, num_runs: int,
-                active: Optional[NDArray[np.bool_]] = None) -> "SignatureState":
-        """No signature yet; ``active`` (default: every run) as :func:`active_runs` gives it."""
+    def initial(cls, num_rows: int, num_runs: int, active: Optional[NDArray[np.bool_]] = None,
+                copy_start: Optional[NDArray[np.bool_]] = None) -> "SignatureState":
+        """No signature yet; ``active`` and ``copy_start`` (default: every run) as :func:`active_runs` and
+        :func:`copy_starts` give them (both runtimes read them from ``W^0`` in round 0)."""
+        every = np.ones(num_runs, dtype=bool)
         return cls(means=np.zeros((num_rows, 0, 0)), counts=np.zeros((num_rows, 0)),
                    known=np.zeros(num_rows, dtype=bool), held=np.full(num_rows, -1, dtype=np.int64),
                    parted_round=np.full(num_runs, -1, dtype=np.int64),
-                   active=np.ones(num_runs, dtype=bool) if active is None else np.asarray(active, dtype=bool))
+                   active=every if active is None else np.asarray(active, dtype=bool),
+                   copy_start=every.copy() if copy_start is None else np.asarray(copy_start, dtype=bool))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -139,16 +152,33 @@ class SignatureState:
         return replace(state, means=updated_means, counts=updated_counts, known=known)
 
 
+def copy_starts(start_models: NDArray[np.floating], num_runs: int) -> NDArray[np.bool_]:
+    """The runs whose ``K`` start models ``W^0`` are exact copies of one model (equal bytes,
+    :func:`fedroute.core.copies.identical_pools`): shape (R,).
+
+    Parameters
+    ----------
+    start_models : ndarray, shape (K, P) or (R, K, P)
+    num_runs : int
+        ``R``.
+    """
+    models = np.asarray(start_models)
+    models = models.reshape(num_runs, models.shape[-2], -1)
+    return np.array([[len(pool) for pool in identical_pools(run_models)] == [len(run_models)]
+                     for run_models in models], dtype=bool)
+
+
 def active_runs(start_models: NDArray[np.floating], settings: RoutingSettings,
                 num_runs: int) -> NDArray[np.bool_]:
-    """The runs the signature start acts in, from their start models ``W^0``: shape (R,).
+    """The runs the signature start acts in from round 0, from their start models ``W^0``: shape (R,).
 
-    ``signature_start_on = "always"``: every run.  ``"copies"``: the runs whose ``K`` start models are exact
-    copies of one model (equal bytes, :func:`fedroute.core.copies.identical_pools`) — a warm start, where no
-    client's loss can tell the clusters apart and the routing has nothing to part the groups on.  From any
-    other start the losses carry that signal, and on the suite the held parts then harmed more runs than they
-    recovered (``docs/algorithm.md``, "The signature start").  Both runtimes read it in round
-    0 (:func:`signature_step` and :func:`signature_orders` at ``t = 0``, whose cluster models are ``W^0``) and keep
+    ``signature_start_on = "always"`` and ``"copies-or-skew"``: every run (the latter declines, at its parting
+    round, a run that is not a copy start and whose clients' class counts show no label skew:
+    :func:`signature_step`).  ``"copies"``: the copy starts only (:func:`copy_starts`) — a warm start, where no
+    client's loss can tell the clusters apart and the routing has nothing to part the groups on.  From other
+    starts without label skew the losses carry that signal, and on the suite the held parts then harmed more runs
+    than they recovered (``docs/algorithm.md``, "The signature start").  Both runtimes read it in round 0
+    (:func:`signature_step` and :func:`signature_orders` at ``t = 0``, whose cluster models are ``W^0``) and keep
     it in :attr:`SignatureState.active`.
 
     Parameters
@@ -158,23 +188,22 @@ def active_runs(start_models: NDArray[np.floating], settings: RoutingSettings,
     num_runs : int
         ``R``.
     """
-    if settings.signature_start_on == "always":
-        return np.ones(num_runs, dtype=bool)
-    models = np.asarray(start_models)
-    models = models.reshape(num_runs, models.shape[-2], -1)
-    return np.array([[len(pool) for pool in identical_pools(run_models)] == [len(run_models)]
-                     for run_models in models], dtype=bool)
+    if settings.signature_start_on == "copies":
+        return copy_starts(start_models, num_runs)
+    return np.ones(num_runs, dtype=bool)
 
 
 def _started(state: SignatureState, cluster_models: Optional[NDArray[np.floating]], round_index: int,
              settings: RoutingSettings) -> SignatureState:
-    """``state`` with its active runs read from ``W^0`` in round 0 (:func:`active_runs`); as is after (where
-    ``cluster_models`` may be None: it is not read)."""
+    """``state`` with its active runs and copy starts read from ``W^0`` in round 0 (:func:`active_runs`,
+    :func:`copy_starts`); as is after (where ``cluster_models`` may be None: it is not read)."""
     if round_index != 0:
         return state
     if cluster_models is None:
         raise ValueError("the signature start reads the start models W^0 in round 0: pass cluster_models")
-    return replace(state, active=active_runs(cluster_models, settings, len(state.parted_round)))
+    num_runs = len(state.parted_round)
+    return replace(state, active=active_runs(cluster_models, settings, num_runs),
+                   copy_start=copy_starts(cluster_models, num_runs))
 
 
 def collect_rounds(participation: Participation) -> int:
@@ -191,7 +220,7 @@ def signature_step(state: SignatureState, federation: FederationState, rows: NDA
                    signatures: Optional[Signatures], round_index: int, cluster_models: NDArray[np.floating],
                    num_runs: int, settings: RoutingSettings, participation: Participation) -> SignatureState:
     """The signature start after round ``t`` (module docstring): in round 0 read which runs it acts in, then
-    record, part the active runs due, place late clients.
+    record, part the active runs due (or decline those from other starts without label skew), place late clients.
 
     Parameters
     ----------
@@ -221,11 +250,33 @@ def signature_step(state: SignatureState, federation: FederationState, rows: NDA
     for run in np.flatnonzero(state.active):
         in_run = federation.run_index == run
         if state.parted_round[run] < 0:
-            if round_index >= collect_rounds(participation) - 1 and np.sum(state.known & in_run) >= num_clusters:
+            if round_index < collect_rounds(participation) - 1:
+                continue
+            if not (state.copy_start[run] or settings.signature_start_on == "always") \
+                    and not run_label_skew(state, federation, run, num_clusters).skewed:
+                state = replace(state, active=_with(state.active, run, False))      # declined for good
+                continue
+            if np.sum(state.known & in_run) >= num_clusters:
                 state = _parted(state, federation, run, round_index, num_clusters)
         elif np.any(state.known & in_run & (state.held < 0)):
             state = _joined(state, federation, run)
     return state
+
+
+def run_label_skew(state: SignatureState, federation: FederationState, run: int, num_clusters: int) -> LabelSkew:
+    """:func:`~fedroute.core.label_skew.label_skew` of the class counts ``run``'s clients sent with their
+    signatures; no skew (effect 0, p-value 1) with fewer than ``K`` signatures."""
+    members = _members(state, federation, run)
+    if len(members) < num_clusters:
+        return LabelSkew(effect=0.0, p_value=1.0)
+    return label_skew(state.counts[members])
+
+
+def _with(values: NDArray[np.bool_], index: int, value: bool) -> NDArray[np.bool_]:
+    """A copy of ``values`` with ``values[index] = value``."""
+    updated = values.copy()
+    updated[index] = value
+    return updated
 
 
 def _members(state: SignatureState, federation: FederationState, run: int) -> NDArray[np.int64]:
@@ -350,9 +401,22 @@ def parting_report(before: Optional[SignatureState], after: Optional[SignatureSt
                    participation: Participation, round_index: int, run: int = 0) -> Optional[str]:
     """A line for the log after round ``t`` (else None): when ``run`` was parted in that round, how many clients,
     the part sizes per cluster and how long they are held; when the start should have parted it then but fewer
-    than ``K`` clients had sent a signature, that it waits (clients without class labels send none)."""
-    if after is None or not after.active[run]:
+    than ``K`` clients had sent a signature, that it waits (clients without class labels send none); when it
+    declined the run then (other start models, no label skew), why."""
+    if after is None:
         return None
+    if not after.active[run]:
+        if before is None or not before.active[run]:
+            return None
+        signed = int(np.sum(after.known))
+        skew = label_skew(after.counts[after.known]) if signed >= settings.num_clusters else None
+        evidence = ("no client sent a class signature (clients without class labels send none)" if not signed else
+                    f"only {signed} clients sent a class signature, fewer than K = {settings.num_clusters}"
+                    if skew is None else f"the class counts of {signed} clients show no label skew (effect "
+                    f"w = {skew.effect:.2f}, p = {skew.p_value:.2g})")
+        return (f"signature start: not used after round {round_index}: the start models are not copies of one "
+                f"model and {evidence}; the clients' losses on the models part them (no client is held or asked "
+                "again)")
     if after.parted_round[run] < 0:
         if round_index != collect_rounds(participation) - 1:
             return None

@@ -10,6 +10,7 @@ import pytest
 from flwr.app import ConfigRecord, MessageType, MetricRecord
 
 from fedroute import protocol
+from fedroute.client.received import routing_config
 from fedroute.core.agent import AgentState, agent_step
 from fedroute.core.federation import FederationState
 from fedroute.core.methods import method_settings
@@ -17,7 +18,8 @@ from fedroute.core.participation import Participation
 from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import (Signatures, SignatureState, active_runs, collect_rounds, held_routes,
-                                           hold_rounds, signature_orders, signature_step, wants_signature)
+                                           hold_rounds, parting_report, signature_orders, signature_step,
+                                           wants_signature)
 from fedroute.core.signatures import (batch_class_means, labelled_signature, refined_parts, sketch_matrix,
                                       sketched_signatures)
 from fedroute.server.run_config import parse_run_config
@@ -191,9 +193,8 @@ def test_clients_without_class_samples_send_no_signature_and_the_run_is_the_run_
         batch_class_means(task.clients(np.arange(2)))                   # asked directly, it names what is missing
 
 
-def test_the_start_acts_only_in_runs_whose_start_models_are_copies() -> None:
-    settings = method_settings("exp3", num_clusters=3)                  # the generic default: h = 10, on copies
-    assert settings.signature_hold_rounds == 10 and settings.signature_start_on == "copies"
+def test_with_copies_the_start_acts_only_in_runs_whose_start_models_are_copies() -> None:
+    settings = method_settings("exp3", num_clusters=3, signature_start_on="copies")
     assert method_settings("exp3", num_clusters=3, preset="gmm").signature_hold_rounds == 0   # presets: off
     warm, other = np.ones((3, 5)), np.arange(15.0).reshape(3, 5)
     partly = np.stack([warm[0], warm[0], other[2]])                                 # two copies and one other
@@ -211,16 +212,56 @@ def test_the_start_acts_only_in_runs_whose_start_models_are_copies() -> None:
     with pytest.raises(ValueError, match="cluster_models"):
         signature_orders(SignatureState.initial(4, 1), np.arange(4), np.zeros(4, np.int64), 0, settings,
                          Participation(), None)
-    with pytest.raises(ValueError, match="signature_start_on.*copies"):
+    with pytest.raises(ValueError, match="signature_start_on.*copies-or-skew"):
         method_settings("exp3", signature_start_on="never")
 
 
-def test_a_checkpoint_from_before_the_active_runs_loads_with_every_run_active() -> None:
+SKEWED_COUNTS = np.array([[40.0, 2, 2], [2, 40, 2], [2, 2, 40], [40, 2, 2], [2, 40, 2], [2, 2, 40]])
+"""Class counts of six clients, each holding mostly one class (label skew: ``w ≈ 1.2``, ``p ≈ 1e-40``)."""
+EVEN_COUNTS = np.array([[14.0, 15, 15], [15, 14, 15], [15, 15, 14], [15, 15, 15], [14, 14, 15], [15, 14, 14]])
+"""Class counts of six clients holding the classes alike (no label skew)."""
+
+
+@pytest.mark.parametrize("copies, counts, signed, parted", [
+    (False, SKEWED_COUNTS, 6, True),            # other start models, label skew: parted
+    (False, EVEN_COUNTS, 6, False),             # other start models, no label skew: declined
+    (False, SKEWED_COUNTS, 2, False),           # other start models, fewer than K signatures: declined
+    (True, EVEN_COUNTS, 6, True),               # copies: parted whatever the counts
+])
+def test_the_default_parts_copy_starts_and_other_starts_under_label_skew_and_declines_the_rest(
+        copies: bool, counts: np.ndarray, signed: int, parted: bool) -> None:
+    settings = method_settings("exp3", num_clusters=3)                  # the generic default: h = 10
+    assert settings.signature_hold_rounds == 10 and settings.signature_start_on == "copies-or-skew"
+    models = np.ones((3, 5)) if copies else np.arange(15.0).reshape(3, 5)
+    rows, runs = np.arange(6), np.zeros(6, np.int64)
+    start = SignatureState.initial(6, 1)
+    assert signature_orders(start, rows, runs, 0, settings, Participation(), models).wanted.all()   # all asked
+    means, _ = _group_signatures(np.array([0, 1, 2, 0, 1, 2]))
+    means = np.concatenate([means, means[:, :1]], axis=1)[:, :3]
+    state = signature_step(start, _federation(rows, np.zeros(6, np.int64)), rows,
+                           Signatures(np.arange(signed), means[:signed], counts[:signed]), 0, models, 1, settings,
+                           Participation())
+    assert state.parted_round.tolist() == [0 if parted else -1] and state.active.tolist() == [parted]
+    assert state.copy_start.tolist() == [copies]
+    after = signature_orders(state, rows, runs, 1, settings, Participation(), None)
+    assert (after.held is not None) == parted                           # the parts are held from round 1
+    assert after.wanted.tolist() == [parted and i >= signed for i in range(6)]   # a declined run asks nobody
+    report = parting_report(start, state, settings, Participation(), 0)
+    assert ("parted on the classes" in report) if parted else ("not used after round 0" in report and (
+        "no label skew" in report if signed == 6 else "fewer than K = 3" in report))
+
+
+def test_a_checkpoint_from_before_the_active_runs_loads_with_every_run_active_as_a_copy_start() -> None:
     settings = replace(SETTINGS, signature_start_on="always")
     state = server_init(FederationState.of_clients(np.arange(4), 2), 1, 2, settings)
     stored = state.to_json()
-    del stored["signatures"]["active"]
-    assert ServerState.from_json(stored).signatures.active.tolist() == [True]
+    del stored["signatures"]["active"], stored["signatures"]["copy_start"]
+    restored = ServerState.from_json(stored).signatures
+    assert restored.active.tolist() == [True] and restored.copy_start.tolist() == [True]
+    stored = replace(state, signatures=replace(state.signatures, active=np.array([False]))).to_json()
+    del stored["signatures"]["copy_start"]                              # written between the two fields
+    restored = ServerState.from_json(stored).signatures
+    assert restored.active.tolist() == [False] and restored.copy_start.tolist() == [False]
 
 
 def test_the_run_config_refuses_the_signature_start_on_a_task_without_classes_before_flower_starts() -> None:
@@ -245,7 +286,7 @@ def _flower_run(run_config: dict[str, Any], method: str, fraction: float) -> tup
 
 
 @pytest.mark.parametrize("method, fraction, start_on", [("exp3", 1.0, "always"), ("greedy", 0.5, "always"),
-                                                        ("exp3", 0.5, "copies")])
+                                                        ("exp3", 0.5, "copies"), ("exp3", 0.5, "copies-or-skew")])
 def test_flower_equals_the_simulator_with_the_signature_start(method: str, fraction: float, start_on: str) -> None:
     run_config = app_run_config({"task": "boundaries", "num-clients": NUM_CLIENTS, "num-server-rounds": NUM_ROUNDS,
                                  "seed": SEED, "fraction-train": fraction, "preset": "generic", "init": "warm",
@@ -267,6 +308,18 @@ def test_flower_equals_the_simulator_with_the_signature_start(method: str, fract
         assert not any(m.content.config_records[protocol.SIGNATURE_ORDERS][protocol.SEND_SIGNATURE]
                        for m in grid.sent if m.metadata.message_type == MessageType.TRAIN)
         assert not signatures.known.any() and (signatures.held < 0).all()
+        return
+    if start_on == "copies-or-skew":  # other start models, no label skew: asked in the collect rounds, then declined
+        collect = collect_rounds(participation)
+        assert signatures.active.tolist() == [False] and signatures.parted_round.tolist() == [-1]
+        asked = {int(routing_config(m)[protocol.ROUND_INDEX]) for m in grid.sent
+                 if m.metadata.message_type == MessageType.TRAIN
+                 and m.content.config_records[protocol.SIGNATURE_ORDERS][protocol.SEND_SIGNATURE]}
+        assert asked == set(range(collect)) and signatures.known.any() and (signatures.held < 0).all()
+        without = simulate(settings.task, replace(settings.routing[method], signature_hold_rounds=0), NUM_ROUNDS,
+                           SEED, participation=participation)   # declined: the run is the run without the start
+        np.testing.assert_array_equal(history.routes, without.routes)
+        np.testing.assert_array_equal(history.cluster_models, without.cluster_models)
         return
     assert signatures.parted_round.tolist() == [collect_rounds(participation) - 1]
     # Every held client trained its part's cluster in the hold rounds.
