@@ -154,8 +154,7 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
            "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
            "read_whole": bool, "apart_rounds": np.int64, "means": np.float64, "counts": np.float64, "known": bool,
-           "held": np.int64, "parted_round": np.int64, "active": bool,
-           "copy_start": bool}
+           "held": np.int64, "parted_round": np.int64, "active": bool, "copy_start": bool}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 

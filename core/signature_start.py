@@ -48,9 +48,9 @@ from fedroute.core.settings import RoutingSettings
 from fedroute.core.signatures import (batch_class_means, has_class_samples, refined_parts, shared_class_similarity,
                                       sketched_signatures, spectral_parts)
 
-__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "copy_starts", "run_label_skew",
-           "collect_rounds", "hold_rounds", "signature_step", "held_routes", "wants_signature", "signature_orders",
-           "sent_signatures", "parting_report"]
+__all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "copy_starts", "collect_rounds",
+           "hold_rounds", "signature_step", "held_routes", "wants_signature", "signature_orders", "sent_signatures",
+           "parting_report"]
 
 
 @dataclass(frozen=True)
@@ -252,10 +252,13 @@ def signature_step(state: SignatureState, federation: FederationState, rows: NDA
         if state.parted_round[run] < 0:
             if round_index < collect_rounds(participation) - 1:
                 continue
-            if not (state.copy_start[run] or settings.signature_start_on == "always") \
-                    and not run_label_skew(state, federation, run, num_clusters).skewed:
-                state = replace(state, active=_with(state.active, run, False))      # declined for good
-                continue
+            if not (state.copy_start[run] or settings.signature_start_on == "always"):
+                skew = _signed_skew(state.counts[_members(state, federation, run)], num_clusters)
+                if skew is None or not skew.skewed:                                 # declined for good
+                    active = state.active.copy()
+                    active[run] = False
+                    state = replace(state, active=active)
+                    continue
             if np.sum(state.known & in_run) >= num_clusters:
                 state = _parted(state, federation, run, round_index, num_clusters)
         elif np.any(state.known & in_run & (state.held < 0)):
@@ -263,20 +266,10 @@ def signature_step(state: SignatureState, federation: FederationState, rows: NDA
     return state
 
 
-def run_label_skew(state: SignatureState, federation: FederationState, run: int, num_clusters: int) -> LabelSkew:
-    """:func:`~fedroute.core.label_skew.label_skew` of the class counts ``run``'s clients sent with their
-    signatures; no skew (effect 0, p-value 1) with fewer than ``K`` signatures."""
-    members = _members(state, federation, run)
-    if len(members) < num_clusters:
-        return LabelSkew(effect=0.0, p_value=1.0)
-    return label_skew(state.counts[members])
-
-
-def _with(values: NDArray[np.bool_], index: int, value: bool) -> NDArray[np.bool_]:
-    """A copy of ``values`` with ``values[index] = value``."""
-    updated = values.copy()
-    updated[index] = value
-    return updated
+def _signed_skew(counts: NDArray[np.float64], num_clusters: int) -> Optional[LabelSkew]:
+    """:func:`~fedroute.core.label_skew.label_skew` of the class counts a run's clients sent with their signatures
+    (one row each); None with fewer than ``K`` of them (too few to part on)."""
+    return label_skew(counts) if len(counts) >= num_clusters else None
 
 
 def _members(state: SignatureState, federation: FederationState, run: int) -> NDArray[np.int64]:
@@ -409,11 +402,14 @@ def parting_report(before: Optional[SignatureState], after: Optional[SignatureSt
         if before is None or not before.active[run]:
             return None
         signed = int(np.sum(after.known))
-        skew = label_skew(after.counts[after.known]) if signed >= settings.num_clusters else None
-        evidence = ("no client sent a class signature (clients without class labels send none)" if not signed else
-                    f"only {signed} clients sent a class signature, fewer than K = {settings.num_clusters}"
-                    if skew is None else f"the class counts of {signed} clients show no label skew (effect "
-                    f"w = {skew.effect:.2f}, p = {skew.p_value:.2g})")
+        skew = _signed_skew(after.counts[after.known], settings.num_clusters)
+        if not signed:
+            evidence = "no client sent a class signature (clients without class labels send none)"
+        elif skew is None:
+            evidence = f"only {signed} clients sent a class signature, fewer than K = {settings.num_clusters}"
+        else:
+            evidence = (f"the class counts of {signed} clients show no label skew (effect w = {skew.effect:.2f}, "
+                        f"p = {skew.p_value:.2g})")
         return (f"signature start: not used after round {round_index}: the start models are not copies of one "
                 f"model and {evidence}; the clients' losses on the models part them (no client is held or asked "
                 "again)")

@@ -236,8 +236,7 @@ def test_the_default_parts_copy_starts_and_other_starts_under_label_skew_and_dec
     rows, runs = np.arange(6), np.zeros(6, np.int64)
     start = SignatureState.initial(6, 1)
     assert signature_orders(start, rows, runs, 0, settings, Participation(), models).wanted.all()   # all asked
-    means, _ = _group_signatures(np.array([0, 1, 2, 0, 1, 2]))
-    means = np.concatenate([means, means[:, :1]], axis=1)[:, :3]
+    means = _group_signatures(np.array([0, 1, 2, 0, 1, 2]))[0][:, :3]             # the counts' three classes
     state = signature_step(start, _federation(rows, np.zeros(6, np.int64)), rows,
                            Signatures(np.arange(signed), means[:signed], counts[:signed]), 0, models, 1, settings,
                            Participation())
