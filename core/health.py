@@ -272,7 +272,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                   reporting: Optional[NDArray[np.int64]] = None,
                   reach: Optional[NDArray[np.bool_]] = None,
                   previous_preferred: Optional[NDArray[np.float64]] = None,
-                  structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]] = None
+                  structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]] = None,
+                  preferred_counts: Optional[NDArray[np.int64]] = None
                   ) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
@@ -324,7 +325,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     explored = routing_view(health, settings).explore[:, None]           # this round ran exploration
     budget = np.where(recovered | joined, 0,
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
-    uncrowded = ~crowded(preferred_masses).any(axis=1)
+    uncrowded = ~crowded(preferred_masses, preferred_counts, twins).any(axis=1)
     apart = ((apart_rounds >= settings.collapse_patience) & uncrowded)[:, None]   # every cluster serves one group
     spare = (still_spare | merged | (unwanted & (budget >= settings.spare_patience))
              | (sign & (preferred_masses <= 0.0) & apart))
@@ -338,7 +339,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     reseeds = np.where(joined, 0, health.reseeds)
     vacant = np.ones_like(sign) if settings.reseed_unwanted else preferred_masses <= 0.0
     targets = ((sign & vacant & ~spare) | merged) & (reseeds < MAX_RESEEDS)
-    source = reseeding(preferred_masses, targets, settings, None if structured is None else persistent)
+    source = reseeding(preferred_masses, targets, settings, None if structured is None else persistent,
+                       preferred_counts, twins)
     fresh = source >= 0                                                  # a new model: fresh evidence about it
     renewed = fresh.copy()                                               # the re-seeded clusters and their sources
     renewed[np.nonzero(fresh)[0], source[fresh]] = True
@@ -359,7 +361,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
 
 
 def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings,
-              structured: Optional[NDArray[np.bool_]] = None) -> NDArray[np.int64]:
+              structured: Optional[NDArray[np.bool_]] = None,
+              preferred_counts: Optional[NDArray[np.int64]] = None,
+              twins: Optional[NDArray[np.int64]] = None) -> NDArray[np.int64]:
     """Per run and cluster, the cluster whose model to copy into it (``-1``: none): ``reseed_empty``.
 
     A target — a collapse sign that no client prefers at all (``p̂_s = 0``; any collapse sign with
@@ -384,7 +388,9 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
     if not settings.reseed_empty or settings.tie_breaking != "random":
         return source
     for run in np.flatnonzero(targets.any(axis=1)):
-        origin = _reseed_source(preferred_masses[run], targets[run], None if structured is None else structured[run])
+        origin = _reseed_source(preferred_masses[run], targets[run], None if structured is None else structured[run],
+                                None if preferred_counts is None else preferred_counts[run],
+                                None if twins is None else twins[run])
         if origin < 0:
             continue
         candidates = np.flatnonzero(targets[run] & (np.arange(num_clusters) != origin))
@@ -394,14 +400,16 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
 
 
 def _reseed_source(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
-                   structured: Optional[NDArray[np.bool_]]) -> int:
+                   structured: Optional[NDArray[np.bool_]],
+                   preferred_counts: Optional[NDArray[np.int64]] = None,
+                   twins: Optional[NDArray[np.int64]] = None) -> int:
     """The cluster a run's re-seed copies or splits (``-1``: none): among the clusters that are not targets, the
     most preferred one whose own replies part in two by direction (seen twice: ``structured``), else the most
     crowded one if it holds at least two fair shares."""
     if structured is not None and np.any(eligible := structured & ~targets):
         return int(np.flatnonzero(eligible)[np.argmax(preferred_masses[eligible])])
     most = int(preferred_masses.argmax())
-    return most if crowded(preferred_masses)[most] else -1
+    return most if crowded(preferred_masses, preferred_counts, twins)[most] else -1
 
 
 CROWDED_SHARES = 2.0
@@ -409,10 +417,39 @@ CROWDED_SHARES = 2.0
 of a federation with ``K`` groups has on average."""
 
 
-def crowded(preferred_masses: NDArray[np.float64]) -> NDArray[np.bool_]:
-    """Which clusters are crowded (:data:`CROWDED_SHARES`), for ``p̂`` of shape (K,) or (R, K)."""
+CROWDED_TYPICAL = 1.5
+"""With ``crowded_by_clients``, a cluster preferred by at least this many times the clients of the median cluster in
+use is crowded too: closer to two typical clusters' clients than to one."""
+
+
+def crowded(preferred_masses: NDArray[np.float64], preferred_counts: Optional[NDArray[np.int64]] = None,
+            twins: Optional[NDArray[np.int64]] = None) -> NDArray[np.bool_]:
+    """Which clusters are crowded, for ``p̂`` of shape (K,) or (R, K): at least two fair shares of the preferred mass
+    (:data:`CROWDED_SHARES`), or — given ``preferred_counts``, the clients whose latest Greedy choice each cluster
+    is (same shape) — at least :data:`CROWDED_TYPICAL` times the clients of the median cluster some client prefers.
+    A pair of duplicates (``twins``, :func:`duplicate_twins`) serves one group: it counts as one cluster, with the
+    clients of both, in that median."""
     preferred_masses = np.asarray(preferred_masses)
-    return preferred_masses >= CROWDED_SHARES / preferred_masses.shape[-1] - INCLUSIVE_SLACK
+    by_mass = preferred_masses >= CROWDED_SHARES / preferred_masses.shape[-1] - INCLUSIVE_SLACK
+    if preferred_counts is None:
+        return by_mass
+    counts = np.asarray(preferred_counts, dtype=np.float64)
+    rows = counts.reshape(-1, counts.shape[-1])
+    pairs = (np.full(rows.shape, -1, dtype=np.int64) if twins is None
+             else np.asarray(twins, dtype=np.int64).reshape(rows.shape))
+    typical = np.array([_typical_count(row, twin) for row, twin in zip(rows, pairs)])
+    return by_mass | (counts >= CROWDED_TYPICAL * typical.reshape(counts.shape[:-1] + (1,)))
+
+
+def _typical_count(counts: NDArray[np.float64], twins: NDArray[np.int64]) -> float:
+    """The median clients of the clusters some client prefers, a pair of duplicates (``twins[small] = large``)
+    counted once with both clusters' clients (``inf`` when nobody prefers any)."""
+    totals = np.asarray(counts, dtype=np.float64).copy()
+    for small in np.flatnonzero(np.asarray(twins) >= 0):
+        totals[twins[small]] += totals[small]
+        totals[small] = 0.0
+    served = totals[totals > 0]
+    return float(np.median(served)) if len(served) else float("inf")
 
 
 def read_structure(health: ClusterHealth, structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]],

@@ -33,7 +33,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationEstimate, FederationState, estimate_federation
-from fedroute.core.health import ClusterHealth, RoutingView, duplicate_twins, routing_view, update_health, within_reach
+from fedroute.core.health import (ClusterHealth, RoutingView, crowded, duplicate_twins, routing_view, update_health,
+                                  within_reach)
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.copies import assigned_copies, identical_pools
@@ -135,7 +136,9 @@ def _with_active(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]
     if stored is None:
         return stored
     active = stored.get("active", [True] * len(stored["parted_round"]))
-    return {**stored, "active": active, "copy_start": stored.get("copy_start", active)}
+    return {**stored, "active": active, "copy_start": stored.get("copy_start", active),
+            "regrouped": stored.get("regrouped", [-1] * len(stored["known"])),
+            "regroup_round": stored.get("regroup_round", [-1] * len(stored["parted_round"]))}
 
 
 def _with_structure(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
@@ -154,7 +157,8 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "merged_into": np.int64, "twin": np.int64, "twin_rounds": np.int64, "calm_rounds": np.int64,
            "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
            "read_whole": bool, "apart_rounds": np.int64, "means": np.float64, "counts": np.float64, "known": bool,
-           "held": np.int64, "parted_round": np.int64, "active": bool, "copy_start": bool}
+           "held": np.int64, "parted_round": np.int64, "active": bool, "copy_start": bool,
+           "regrouped": np.int64, "regroup_round": np.int64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -223,7 +227,7 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                          np.asarray(replies.losses)[kept])
     estimate = estimate_federation(federation, round_index, participation.report_rounds,
                                    cluster_models.shape[-2], num_runs, influence.max_weight_ratio, state.estimate)
-    health, view = state.health, None
+    health, view, regroups = state.health, None, None
     if reads_health(settings):
         counted = federation.counted(round_index, participation.report_rounds)
         twins = np.full(estimate.preferred_masses.shape, -1, dtype=np.int64)
@@ -235,19 +239,42 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                              federation.run_index[counted], num_runs, cluster_models.shape[-2],
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
         structure = _RoundStructure(cluster_models, replies, kept, influence, settings)
+        counts = (preferred_counts(federation, counted, num_runs, cluster_models.shape[-2])
+                  if settings.crowded_by_clients else None)
         health, view = update_health(state.health, estimate.preferred_masses, twins,
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
                                      None if state.estimate is None else state.estimate.preferred_masses,
-                                     structure.structure if settings.reseed_by_structure else None)
+                                     structure.structure if settings.reseed_by_structure else None,
+                                     counts)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
+        regroups = crowded_reseeds(health.reseeded_from, estimate.preferred_masses, counts)
     signatures = state.signatures
     if settings.signature_hold_rounds > 0:
         signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
                                     replies.signatures, round_index, cluster_models, num_runs, settings,
-                                    participation)
+                                    participation, regroups)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view,
                                 signatures=signatures)
+
+
+def crowded_reseeds(reseeded_from: NDArray[np.int64], preferred_masses: NDArray[np.float64],
+                    counts: Optional[NDArray[np.int64]]) -> NDArray[np.int64]:
+    """The round's re-seeds (``reseeded_from``, (R, K)) whose source is crowded (:func:`~fedroute.core.health.crowded`):
+    the count of clients says it holds more than one group; ``-1`` elsewhere."""
+    sources = np.asarray(reseeded_from)
+    runs = np.arange(len(sources))[:, None]
+    busy = crowded(preferred_masses, counts)[runs, np.maximum(sources, 0)]
+    return np.where((sources >= 0) & busy, sources, -1)
+
+
+def preferred_counts(federation: FederationState, counted: NDArray[np.bool_], num_runs: int,
+                     num_clusters: int) -> NDArray[np.int64]:
+    """Per run and cluster, the counted clients whose latest Greedy choice it is, shape (R, K)."""
+    runs, preferred = federation.run_index[counted], federation.preferred[counted]
+    valid = preferred >= 0
+    return np.bincount(runs[valid] * num_clusters + preferred[valid],
+                       minlength=num_runs * num_clusters).reshape(num_runs, num_clusters).astype(np.int64)
 
 
 def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, settings: RoutingSettings,

@@ -135,6 +135,18 @@ class RoutingSettings:
         Re-seed every collapse sign, not only one that no client prefers: a few stragglers on an
         otherwise empty cluster (within the others' reach, so not a small group's own model) no
         longer block its re-seeding; they choose again among the new models.
+    crowded_by_clients : bool
+        A cluster is *crowded* (a re-seed's source; :func:`fedroute.core.health.crowded`) when it holds two fair
+        shares of the preferred mass, or — with this — ``1.5 ×`` the clients of the median cluster some client
+        prefers, whatever their sample counts (two groups of log-normal sample counts, or seen through stale
+        reports under partial participation, can weigh less than ``2/K``).
+    reseed_by_signature : bool
+        When a re-seed copies a crowded cluster, the clients that prefer it and sent a class signature (the
+        signature start's, :mod:`fedroute.core.signature_start`) are parted in two on the classes they share;
+        if the parts show two groups (mean silhouette ≥ ``split_silhouette``) each is held on one of the two
+        copies for ``signature_hold_rounds`` of its rounds (``⌈h/f⌉`` server rounds).  Two copies of one
+        model tie for every client, and under partial participation too few of their clients play a round
+        for ``split_copies`` to part them by update direction.
     starving_needs_reach : bool
         A cluster with a small preferred share is a collapse sign only if nobody prefers it or some
         client that prefers another cluster finds it within ``consolidation_loss_ratio`` of its best
@@ -212,6 +224,8 @@ class RoutingSettings:
     calm_when_stable: bool = False
     split_copies: bool = False
     reseed_by_structure: bool = False
+    crowded_by_clients: bool = False
+    reseed_by_signature: bool = False
     split_silhouette: float = 0.25
     start_updates: int = 1
     signature_hold_rounds: int = 0
@@ -234,7 +248,7 @@ class RoutingSettings:
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
                      "consolidate_duplicates", "reseed_empty", "reseed_split", "reseed_unwanted", "explore_at_start",
                      "starving_needs_reach", "calm_when_stable", "split_copies",
-                     "reseed_by_structure"):
+                     "reseed_by_structure", "crowded_by_clients", "reseed_by_signature"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,

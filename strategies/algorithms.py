@@ -24,7 +24,7 @@ from fedroute.core.influence import InfluenceBounds, RoundAggregate, capped_weig
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies, server_step
 from fedroute.core.settings import RoutingSettings
-from fedroute.core.signature_start import Signatures, parting_report
+from fedroute.core.signature_start import Signatures, parting_report, regroup_report
 from fedroute.strategies.reply_fields import signature_metrics
 from fedroute.strategies.state import Models, RunState
 from fedroute.strategies.validation import ProvisionalReply, TrainReply, validate_train_reply
@@ -102,8 +102,10 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
     outcome, state.server = server_step(protocol.stack_flat(state.cluster_models),
                                         replace(state.server, federation=federation), replies, round_index,
                                         rules.routing, rules.participation, rules.influence)
-    if report := parting_report(before, state.server.signatures, rules.routing, rules.participation, round_index):
-        logger.info(report)
+    for report in (parting_report(before, state.server.signatures, rules.routing, rules.participation, round_index),
+                   regroup_report(before, state.server.signatures, rules.routing, rules.participation, round_index)):
+        if report:
+            logger.info(report)
     if valid:
         state.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]
     if state.server.estimate.reporting[0] > 0:

@@ -30,6 +30,7 @@ def test_generic_default_is_not_a_paper_preset():
     assert exp3.tie_breaking == "random" and exp3.exploitation_fraction == 0.0 and exp3.explore_on == "collapse"
     assert not exp3.explore_at_start and exp3.consolidate_duplicates and exp3.reseed_empty
     assert exp3.split_copies and exp3.reseed_by_structure and exp3.split_silhouette == 0.25
+    assert exp3.crowded_by_clients and exp3.reseed_by_signature
     assert exp3.mass_threshold_unit == "fair-share" and exp3.mass_threshold_inclusive
     assert exp3.entry_max_candidates == GENERIC_DEFAULTS["entry_max_candidates"] > 0
     assert exp3.consolidation_loss_ratio == 2.0
