@@ -325,7 +325,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     explored = routing_view(health, settings).explore[:, None]           # this round ran exploration
     budget = np.where(recovered | joined, 0,
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
-    uncrowded = ~crowded(preferred_masses, preferred_counts, twins).any(axis=1)
+    busy = crowded(preferred_masses, preferred_counts, twins)
+    uncrowded = ~busy.any(axis=1)
     apart = ((apart_rounds >= settings.collapse_patience) & uncrowded)[:, None]   # every cluster serves one group
     spare = (still_spare | merged | (unwanted & (budget >= settings.spare_patience))
              | (sign & (preferred_masses <= 0.0) & apart))
@@ -339,8 +340,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     reseeds = np.where(joined, 0, health.reseeds)
     vacant = np.ones_like(sign) if settings.reseed_unwanted else preferred_masses <= 0.0
     targets = ((sign & vacant & ~spare) | merged) & (reseeds < MAX_RESEEDS)
-    source = reseeding(preferred_masses, targets, settings, None if structured is None else persistent,
-                       preferred_counts, twins)
+    source = reseeding(preferred_masses, targets, settings, None if structured is None else persistent, busy)
     fresh = source >= 0                                                  # a new model: fresh evidence about it
     renewed = fresh.copy()                                               # the re-seeded clusters and their sources
     renewed[np.nonzero(fresh)[0], source[fresh]] = True
@@ -362,8 +362,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
 
 def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings,
               structured: Optional[NDArray[np.bool_]] = None,
-              preferred_counts: Optional[NDArray[np.int64]] = None,
-              twins: Optional[NDArray[np.int64]] = None) -> NDArray[np.int64]:
+              crowded_clusters: Optional[NDArray[np.bool_]] = None) -> NDArray[np.int64]:
     """Per run and cluster, the cluster whose model to copy into it (``-1``: none): ``reseed_empty``.
 
     A target — a collapse sign that no client prefers at all (``p̂_s = 0``; any collapse sign with
@@ -374,7 +373,8 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
     cluster (a copy of its model, or with ``reseed_split`` one half of its round, the server step's
     :func:`fedroute.core.split.split_models`):
     one that holds at least two fair shares (``p̂_c ≥ 2/K``, more clients than one group of a
-    federation with ``K`` groups has on average).  Two copies tie for exactly the crowded
+    federation with ``K`` groups has on average; ``crowded_clusters``, (R, K): the round's :func:`crowded`
+    with the client counts, when the caller has it).  Two copies tie for exactly the crowded
     cluster's clients, who split between them at random (random tie-breaking) and train them apart;
     two halves are each closer to the clients whose updates made it: the groups that shared a model
     separate, as k-means re-seeds an empty centroid from its largest cluster (by splitting it).  With more clusters than groups a cluster that serves one group is not crowded, so spare
@@ -387,10 +387,10 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
     source = np.full((num_runs, num_clusters), -1, dtype=np.int64)
     if not settings.reseed_empty or settings.tie_breaking != "random":
         return source
+    busy = crowded(preferred_masses) if crowded_clusters is None else np.asarray(crowded_clusters, dtype=bool)
     for run in np.flatnonzero(targets.any(axis=1)):
         origin = _reseed_source(preferred_masses[run], targets[run], None if structured is None else structured[run],
-                                None if preferred_counts is None else preferred_counts[run],
-                                None if twins is None else twins[run])
+                                busy[run])
         if origin < 0:
             continue
         candidates = np.flatnonzero(targets[run] & (np.arange(num_clusters) != origin))
@@ -400,16 +400,14 @@ def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
 
 
 def _reseed_source(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_],
-                   structured: Optional[NDArray[np.bool_]],
-                   preferred_counts: Optional[NDArray[np.int64]] = None,
-                   twins: Optional[NDArray[np.int64]] = None) -> int:
+                   structured: Optional[NDArray[np.bool_]], busy: NDArray[np.bool_]) -> int:
     """The cluster a run's re-seed copies or splits (``-1``: none): among the clusters that are not targets, the
     most preferred one whose own replies part in two by direction (seen twice: ``structured``), else the most
-    crowded one if it holds at least two fair shares."""
+    preferred one if it is crowded (``busy``, :func:`crowded`)."""
     if structured is not None and np.any(eligible := structured & ~targets):
         return int(np.flatnonzero(eligible)[np.argmax(preferred_masses[eligible])])
     most = int(preferred_masses.argmax())
-    return most if crowded(preferred_masses, preferred_counts, twins)[most] else -1
+    return most if busy[most] else -1
 
 
 CROWDED_SHARES = 2.0

@@ -49,7 +49,7 @@ def test_a_cluster_with_twice_the_typical_clients_is_crowded_whatever_their_samp
     signs = np.array([[False, False, False, True]])
     settings = method_settings("exp3", num_clusters=4)
     assert reseeding(masses[None], signs, settings).tolist() == [[-1] * 4]
-    assert reseeding(masses[None], signs, settings, None, counts[None]).tolist() == [[-1, -1, -1, 0]]
+    assert reseeding(masses[None], signs, settings, None, crowded(masses, counts)[None]).tolist() == [[-1, -1, -1, 0]]
 
 
 @pytest.mark.parametrize("masses, counts", [
@@ -79,8 +79,8 @@ def test_a_pair_of_duplicates_counts_as_one_cluster_in_the_typical_count() -> No
     assert crowded(masses, counts, np.array([1, -1, -1])).tolist() == [False, False, False]
     settings = method_settings("exp3", num_clusters=3)
     merged = np.array([[True, False, False]])                       # the merged duplicate is a re-seed target
-    assert reseeding(masses[None], merged, settings, None, counts[None], np.array([[1, -1, -1]])).tolist() == [
-        [-1, -1, -1]]
+    busy = crowded(masses, counts, np.array([1, -1, -1]))[None]
+    assert reseeding(masses[None], merged, settings, None, busy).tolist() == [[-1, -1, -1]]
 
 
 def test_preferred_counts_count_each_counted_clients_latest_greedy_choice_per_run() -> None:
@@ -148,7 +148,7 @@ def test_a_reseed_holds_each_of_the_sources_two_groups_on_one_copy_then_frees_th
 def test_a_reseed_from_one_group_or_with_the_option_off_holds_nobody() -> None:
     groups = np.zeros(8, dtype=np.int64)
     state, federation = _signed_state(groups, np.zeros(8, dtype=np.int64))
-    assert regrouped_state(state, federation, 0, 0, 2, 5) is state
+    assert regrouped_state(state, federation, 0, 0, 2, 5, 0.25) is state
     groups = np.array([0, 1] * 4)
     state, federation = _signed_state(groups, np.zeros(8, dtype=np.int64))
     off = replace(SETTINGS, reseed_by_signature=False)
@@ -156,13 +156,13 @@ def test_a_reseed_from_one_group_or_with_the_option_off_holds_nobody() -> None:
                            np.array([[-1, -1, 0]]))
     assert after.regroup_round.tolist() == [-1] and (after.regrouped < 0).all()
     # Fewer than two signed clients on the source: nothing to part.
-    assert regrouped_state(state, federation, 0, 1, 2, 5) is state
+    assert regrouped_state(state, federation, 0, 1, 2, 5, 0.25) is state
 
 
 def test_a_checkpoint_keeps_the_regroup_and_an_older_one_loads_without_it() -> None:
     groups = np.array([0, 1] * 4)
     state, federation = _signed_state(groups, np.zeros(8, dtype=np.int64))
-    state = regrouped_state(state, federation, 0, 0, 2, 5)
+    state = regrouped_state(state, federation, 0, 0, 2, 5, 0.25)
     server = replace(server_init(federation, 1, 3), signatures=state)
     loaded = ServerState.from_json(server.to_json()).signatures
     assert loaded.regrouped.tolist() == state.regrouped.tolist() and loaded.regroup_round.tolist() == [5]
