@@ -248,7 +248,7 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      structure.structure if settings.reseed_by_structure else None,
                                      counts)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
-        regroups = crowded_reseeds(health.reseeded_from, estimate.preferred_masses, counts)
+        regroups = crowded_reseeds(health.reseeded_from, estimate.preferred_masses, counts, twins)
     signatures = state.signatures
     if settings.signature_hold_rounds > 0:
         signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
@@ -259,12 +259,13 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
 
 
 def crowded_reseeds(reseeded_from: NDArray[np.int64], preferred_masses: NDArray[np.float64],
-                    counts: Optional[NDArray[np.int64]]) -> NDArray[np.int64]:
-    """The round's re-seeds (``reseeded_from``, (R, K)) whose source is crowded (:func:`~fedroute.core.health.crowded`):
-    the count of clients says it holds more than one group; ``-1`` elsewhere."""
+                    counts: Optional[NDArray[np.int64]], twins: Optional[NDArray[np.int64]] = None) -> NDArray[np.int64]:
+    """The round's re-seeds (``reseeded_from``, (R, K)) whose source is crowded (:func:`~fedroute.core.health.crowded`,
+    the same verdict as :func:`~fedroute.core.health.update_health`'s, duplicate ``twins`` included): the count of
+    clients says it holds more than one group; ``-1`` elsewhere."""
     sources = np.asarray(reseeded_from)
     runs = np.arange(len(sources))[:, None]
-    busy = crowded(preferred_masses, counts)[runs, np.maximum(sources, 0)]
+    busy = crowded(preferred_masses, counts, twins)[runs, np.maximum(sources, 0)]
     return np.where((sources >= 0) & busy, sources, -1)
 
 

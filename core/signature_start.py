@@ -13,9 +13,10 @@ the other runs whose clients' class counts show label skew (``signature_start_on
 2. **Part.**  After the first ``⌈1/f⌉`` rounds (:func:`collect_rounds`; one with every client every round),
    once at least ``K`` clients have sent one, the server parts the run's clients on the classes they share
    (:func:`~fedroute.core.signatures.shared_class_similarity`, :func:`~fedroute.core.signatures.spectral_parts`
-   refined client by client, :func:`~fedroute.core.signatures.refined_parts`; clients in id order) and gives
-   each part a cluster: heaviest part first, to the free cluster its clients' latest routes carry the most
-   weight to (:func:`fedroute.core.copies.assigned_copies`).  A run from other start models is parted only
+   refined client by client, :func:`~fedroute.core.signatures.refined_parts`, then pair of parts by pair, each
+   pair compared on its own clients, :func:`~fedroute.core.signatures.pairwise_refined_parts`; clients in id
+   order) and gives each part a cluster: heaviest part first, to the free cluster its clients' latest routes
+   carry the most weight to (:func:`fedroute.core.copies.assigned_copies`).  A run from other start models is parted only
    when, at that first chance, at least ``K`` clients have sent one and their class counts show label skew
    (:func:`~fedroute.core.label_skew.label_skew`); otherwise the start *declines* it for good: its clients are
    not asked again and nobody is held (the losses carry the groups there).
@@ -46,8 +47,8 @@ from fedroute.core.label_skew import LabelSkew, label_skew
 from fedroute.core.participation import Participation
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.split import silhouette
-from fedroute.core.signatures import (batch_class_means, has_class_samples, refined_parts, shared_class_similarity,
-                                      sketched_signatures, spectral_parts)
+from fedroute.core.signatures import (batch_class_means, has_class_samples, pairwise_refined_parts, refined_parts,
+                                      shared_class_similarity, sketched_signatures, spectral_parts)
 
 __all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "copy_starts", "collect_rounds",
            "hold_rounds", "signature_step", "held_routes", "wants_signature", "signature_orders", "sent_signatures",
@@ -325,7 +326,8 @@ def _parted(state: SignatureState, federation: FederationState, run: int, round_
     """``run`` parted into ``K`` parts, each part held on its cluster."""
     members = _members(state, federation, run)
     similarity = shared_class_similarity(state.means[members], state.counts[members])
-    labels = refined_parts(similarity, spectral_parts(similarity, num_clusters))
+    labels = pairwise_refined_parts(state.means[members], state.counts[members],
+                                    refined_parts(similarity, spectral_parts(similarity, num_clusters)))
     target = assigned_copies(labels, federation.route[members], federation.num_examples[members].astype(np.float64),
                              list(range(num_clusters)))
     held, parted = state.held.copy(), state.parted_round.copy()
