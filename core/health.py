@@ -273,7 +273,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                   reach: Optional[NDArray[np.bool_]] = None,
                   previous_preferred: Optional[NDArray[np.float64]] = None,
                   structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]] = None,
-                  preferred_counts: Optional[NDArray[np.int64]] = None
+                  crowded_clusters: Optional[NDArray[np.bool_]] = None
                   ) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
@@ -300,6 +300,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
         ``structured(run) -> (evaluated, parted)``, each ``(K,) bool``: the clusters whose own replies of the
         round could be read, and those that part in two by direction (``reseed_by_structure``;
         :func:`read_structure`).  ``None``: no structure evidence.
+    crowded_clusters : ndarray of bool, shape (R, K), optional
+        :func:`crowded` of the round, computed once by the caller (with ``crowded_by_clients``, from the client
+        counts and ``twins``); ``None``: crowded by mass alone.
 
     Returns
     -------
@@ -325,7 +328,7 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     explored = routing_view(health, settings).explore[:, None]           # this round ran exploration
     budget = np.where(recovered | joined, 0,
                       health.exploring_rounds + (unwanted & explored & ~still_spare & ~merged))
-    busy = crowded(preferred_masses, preferred_counts, twins)
+    busy = crowded(preferred_masses) if crowded_clusters is None else np.asarray(crowded_clusters, dtype=bool)
     uncrowded = ~busy.any(axis=1)
     apart = ((apart_rounds >= settings.collapse_patience) & uncrowded)[:, None]   # every cluster serves one group
     spare = (still_spare | merged | (unwanted & (budget >= settings.spare_patience))

@@ -241,14 +241,15 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
         structure = _RoundStructure(cluster_models, replies, kept, influence, settings)
         counts = (preferred_counts(federation, counted, num_runs, cluster_models.shape[-2])
                   if settings.crowded_by_clients else None)
+        busy = crowded(estimate.preferred_masses, counts, twins)
         health, view = update_health(state.health, estimate.preferred_masses, twins,
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
                                      None if state.estimate is None else state.estimate.preferred_masses,
                                      structure.structure if settings.reseed_by_structure else None,
-                                     counts)
+                                     busy)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
-        regroups = crowded_reseeds(health.reseeded_from, estimate.preferred_masses, counts, twins)
+        regroups = crowded_reseeds(health.reseeded_from, busy)
     signatures = state.signatures
     if settings.signature_hold_rounds > 0:
         signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
@@ -258,14 +259,13 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                 signatures=signatures)
 
 
-def crowded_reseeds(reseeded_from: NDArray[np.int64], preferred_masses: NDArray[np.float64],
-                    counts: Optional[NDArray[np.int64]], twins: Optional[NDArray[np.int64]] = None) -> NDArray[np.int64]:
-    """The round's re-seeds (``reseeded_from``, (R, K)) whose source is crowded (:func:`~fedroute.core.health.crowded`,
-    the same verdict as :func:`~fedroute.core.health.update_health`'s, duplicate ``twins`` included): the count of
-    clients says it holds more than one group; ``-1`` elsewhere."""
+def crowded_reseeds(reseeded_from: NDArray[np.int64], crowded_clusters: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """The round's re-seeds (``reseeded_from``, (R, K)) whose source is crowded (``crowded_clusters``, (R, K): the
+    round's :func:`~fedroute.core.health.crowded`, the verdict :func:`~fedroute.core.health.update_health` read): the
+    count of clients says it holds more than one group; ``-1`` elsewhere."""
     sources = np.asarray(reseeded_from)
     runs = np.arange(len(sources))[:, None]
-    busy = crowded(preferred_masses, counts, twins)[runs, np.maximum(sources, 0)]
+    busy = np.asarray(crowded_clusters, dtype=bool)[runs, np.maximum(sources, 0)]
     return np.where((sources >= 0) & busy, sources, -1)
 
 

@@ -16,8 +16,8 @@ the other runs whose clients' class counts show label skew (``signature_start_on
    refined client by client, :func:`~fedroute.core.signatures.refined_parts`, then pair of parts by pair, each
    pair compared on its own clients, :func:`~fedroute.core.signatures.pairwise_refined_parts`; clients in id
    order) and gives each part a cluster: heaviest part first, to the free cluster its clients' latest routes
-   carry the most weight to (:func:`fedroute.core.copies.assigned_copies`).  A run from other start models is parted only
-   when, at that first chance, at least ``K`` clients have sent one and their class counts show label skew
+   carry the most weight to (:func:`fedroute.core.copies.assigned_copies`).  A run from other start models is
+   parted only when, at that first chance, at least ``K`` clients have sent one and their class counts show label skew
    (:func:`~fedroute.core.label_skew.label_skew`); otherwise the start *declines* it for good: its clients are
    not asked again and nobody is held (the losses carry the groups there).
 3. **Hold.**  For the next ``⌈h/f⌉`` rounds (:func:`hold_rounds`: about ``h`` rounds of each client) a client
@@ -297,8 +297,7 @@ def regrouped_state(state: SignatureState, federation: FederationState, run: int
     members = members[federation.preferred[members] == source]
     if len(members) < 2:
         return state
-    similarity = shared_class_similarity(state.means[members], state.counts[members])
-    labels = refined_parts(similarity, spectral_parts(similarity, 2))
+    similarity, labels = _signature_parts(state, members, 2)
     if not two_groups(similarity, labels, min_silhouette):
         return state
     clusters = assigned_copies(labels, federation.route[members], federation.num_examples[members].astype(np.float64),
@@ -307,6 +306,14 @@ def regrouped_state(state: SignatureState, federation: FederationState, run: int
     regrouped[federation.run_index == run] = -1
     regrouped[members], rounds[run] = clusters[labels], round_index
     return replace(state, regrouped=regrouped, regroup_round=rounds)
+
+
+def _signature_parts(state: SignatureState, members: NDArray[np.int64],
+                     num_parts: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """The similarity of ``members``' signatures on the classes they share and its ``num_parts``-way spectral
+    partition, refined client by client (:func:`~fedroute.core.signatures.refined_parts`)."""
+    similarity = shared_class_similarity(state.means[members], state.counts[members])
+    return similarity, refined_parts(similarity, spectral_parts(similarity, num_parts))
 
 
 def _signed_skew(counts: NDArray[np.float64], num_clusters: int) -> Optional[LabelSkew]:
@@ -325,9 +332,8 @@ def _parted(state: SignatureState, federation: FederationState, run: int, round_
             num_clusters: int) -> SignatureState:
     """``run`` parted into ``K`` parts, each part held on its cluster."""
     members = _members(state, federation, run)
-    similarity = shared_class_similarity(state.means[members], state.counts[members])
     labels = pairwise_refined_parts(state.means[members], state.counts[members],
-                                    refined_parts(similarity, spectral_parts(similarity, num_clusters)))
+                                    _signature_parts(state, members, num_clusters)[1])
     target = assigned_copies(labels, federation.route[members], federation.num_examples[members].astype(np.float64),
                              list(range(num_clusters)))
     held, parted = state.held.copy(), state.parted_round.copy()

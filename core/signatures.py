@@ -25,8 +25,8 @@ from fedroute.core.randomness import Purpose, generator
 from fedroute.core.validation import invalid
 
 __all__ = ["MIN_CLASS_SAMPLES", "CLASS_SAMPLE_FIELDS", "class_means", "shared_class_similarity", "spectral_parts",
-           "refined_parts", "pairwise_refined_parts", "signature_parts", "sketch_matrix", "sketched_signatures", "has_class_samples",
-           "batch_class_means", "labelled_signature"]
+           "refined_parts", "pairwise_refined_parts", "signature_parts", "sketch_matrix", "sketched_signatures",
+           "has_class_samples", "batch_class_means", "labelled_signature"]
 
 CLASS_SAMPLE_FIELDS = ("train_inputs", "train_labels", "train_weights", "num_classes")
 """What a :class:`~fedroute.core.task.ClientBatch` carries for :func:`batch_class_means` (the classification tasks)."""

@@ -95,7 +95,7 @@ def test_only_a_reseed_from_a_crowded_source_is_parted_by_signature() -> None:
     sources = np.array([[-1, -1, -1, 0], [-1, -1, -1, 0]])
     masses = np.array([[0.39, 0.31, 0.3, 0.0], [0.34, 0.33, 0.33, 0.0]])
     counts = np.array([[12, 6, 6, 0], [8, 8, 8, 0]])     # run 1's source came from structure, not crowding
-    assert crowded_reseeds(sources, masses, counts).tolist() == [[-1, -1, -1, 0], [-1, -1, -1, -1]]
+    assert crowded_reseeds(sources, crowded(masses, counts)).tolist() == [[-1, -1, -1, 0], [-1, -1, -1, -1]]
 
 
 # --------------------------------------------------------------------------- #
