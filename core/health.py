@@ -72,7 +72,7 @@ from numpy.typing import NDArray
 from fedroute.core.controllers import close_twin
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
-__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "within_reach", "update_health", "routing_view",
+__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "twin_pairs", "within_reach", "update_health", "routing_view",
            "reseeding", "read_structure"]
 
 
@@ -190,15 +190,24 @@ def duplicate_twins(losses: NDArray[np.float64], preferred: NDArray[np.int64], r
     safe = np.maximum(losses, np.finfo(np.float64).tiny)
     for run in np.unique(run_index):
         rows = run_index == run
-        pairs = _close_pairs(safe[rows], preferred[rows], num_clusters, ratio)
-        taken: set[int] = set()
-        for _, small, large in sorted((score, *sorted((j, k), key=lambda c: (preferred_masses[run, c], -c)))
-                                      for score, j, k in pairs):
-            if small in taken or large in taken:
-                continue
+        for small, large in twin_pairs(_close_pairs(safe[rows], preferred[rows], num_clusters, ratio),
+                                       preferred_masses[run]):
             merged[run, small] = large
-            taken.update((small, large))
     return merged
+
+
+def twin_pairs(pairs: list[tuple[float, int, int]], preferred_masses: NDArray[np.float64]) -> list[tuple[int, int]]:
+    """``(small, large)`` twins from scored pairs of one run, closest first: the cluster fewer clients prefer (``p̂``,
+    ties to the higher index) is the smaller; a cluster has at most one twin and a twin has none itself."""
+    taken: set[int] = set()
+    chosen = []
+    for _, small, large in sorted((score, *sorted((j, k), key=lambda c: (preferred_masses[c], -c)))
+                                  for score, j, k in pairs):
+        if small in taken or large in taken:
+            continue
+        chosen.append((small, large))
+        taken.update((small, large))
+    return chosen
 
 
 def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_clusters: int, ratio: float
@@ -273,7 +282,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                   reach: Optional[NDArray[np.bool_]] = None,
                   previous_preferred: Optional[NDArray[np.float64]] = None,
                   structured: Optional[Callable[[int], tuple[NDArray[np.bool_], NDArray[np.bool_]]]] = None,
-                  crowded_clusters: Optional[NDArray[np.bool_]] = None
+                  crowded_clusters: Optional[NDArray[np.bool_]] = None,
+                  merged_by_signature: Optional[NDArray[np.bool_]] = None
                   ) -> tuple[ClusterHealth, RoutingView]:
     """One round of evidence: unwanted streaks, exploration budgets, duplicates, spares; what clients receive.
 
@@ -303,6 +313,9 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     crowded_clusters : ndarray of bool, shape (R, K), optional
         :func:`crowded` of the round, computed once by the caller (with ``crowded_by_clients``, from the client
         counts and ``twins``); ``None``: crowded by mass alone.
+    merged_by_signature : ndarray of bool, shape (R, K), optional
+        Clusters whose signed clients are held on a signature twin (``merge_by_signature``,
+        :func:`fedroute.core.signature_twins.twin_sources`): a piece of a group, spare.
 
     Returns
     -------
@@ -333,6 +346,8 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
     apart = ((apart_rounds >= settings.collapse_patience) & uncrowded)[:, None]   # every cluster serves one group
     spare = (still_spare | merged | (unwanted & (budget >= settings.spare_patience))
              | (sign & (preferred_masses <= 0.0) & apart))
+    if merged_by_signature is not None:
+        spare |= np.asarray(merged_by_signature, dtype=bool)
     quiet = ~(unwanted & ~spare).any(axis=1)
     if settings.calm_when_stable:                                        # stable, healthy routes are calm too
         stable = (np.zeros(len(preferred_masses), dtype=bool) if previous_preferred is None else

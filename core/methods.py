@@ -165,6 +165,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     reseed_by_structure=True,
     crowded_by_clients=True,
     reseed_by_signature=True,
+    merge_by_signature=True,
     split_copies=True,
     split_silhouette=0.25,
     explore_at_start=False,

@@ -40,6 +40,7 @@ from fedroute.core.participation import Participation
 from fedroute.core.copies import assigned_copies, identical_pools
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import Signatures, SignatureState, signature_step
+from fedroute.core.signature_twins import twin_holds, twin_sources
 from fedroute.core.split import partition, split_models
 
 __all__ = ["ServerState", "RoundReplies", "server_init", "server_step", "reads_health", "evidence_settings",
@@ -138,7 +139,9 @@ def _with_active(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]
     active = stored.get("active", [True] * len(stored["parted_round"]))
     return {**stored, "active": active, "copy_start": stored.get("copy_start", active),
             "regrouped": stored.get("regrouped", [-1] * len(stored["known"])),
-            "regroup_round": stored.get("regroup_round", [-1] * len(stored["parted_round"]))}
+            "regroup_round": stored.get("regroup_round", [-1] * len(stored["parted_round"])),
+            "twin_target": stored.get("twin_target", [-1] * len(stored["known"])),
+            "twin_streak": stored.get("twin_streak", [0] * len(stored["known"]))}
 
 
 def _with_structure(stored: Optional[dict[str, list]]) -> Optional[dict[str, list]]:
@@ -158,7 +161,7 @@ _DTYPES = {"client_ids": np.int64, "run_index": np.int64, "last_round": np.int64
            "settled": bool, "reseeded_from": np.int64, "reseeds": np.int64, "parted_before": bool,
            "read_whole": bool, "apart_rounds": np.int64, "means": np.float64, "counts": np.float64, "known": bool,
            "held": np.int64, "parted_round": np.int64, "active": bool, "copy_start": bool,
-           "regrouped": np.int64, "regroup_round": np.int64}
+           "regrouped": np.int64, "regroup_round": np.int64, "twin_target": np.int64, "twin_streak": np.int64}
 """The dtype of every array field of the server state (JSON keeps numbers only)."""
 
 
@@ -247,7 +250,9 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      estimate.reporting, reach,
                                      None if state.estimate is None else state.estimate.preferred_masses,
                                      structure.structure if settings.reseed_by_structure else None,
-                                     busy)
+                                     busy, twin_sources(state.signatures, federation, counted, num_runs,
+                                                        cluster_models.shape[-2], settings.collapse_patience)
+                                     if settings.merge_by_signature else None)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
         regroups = crowded_reseeds(health.reseeded_from, busy)
     signatures = state.signatures
@@ -255,6 +260,9 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
         signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
                                     replies.signatures, round_index, cluster_models, num_runs, settings,
                                     participation, regroups)
+        if settings.merge_by_signature and estimate is not None:
+            signatures = twin_holds(signatures, federation, federation.counted(round_index, participation.report_rounds),
+                                    estimate.preferred_masses, settings.split_silhouette)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view,
                                 signatures=signatures)
 

@@ -147,6 +147,15 @@ class RoutingSettings:
         copies for ``signature_hold_rounds`` of its rounds (``⌈h/f⌉`` server rounds).  Two copies of one
         model tie for every client, and under partial participation too few of their clients play a round
         for ``split_copies`` to part them by update direction.
+    merge_by_signature : bool
+        A group split over two clusters is merged by its clients' class signatures (the signature start's,
+        :mod:`fedroute.core.signature_twins`): two clusters whose signed own clients are one group — together at
+        least three, no two groups among them, and the two clusters do not separate them (silhouette under
+        ``split_silhouette``) — are *signature twins*, and the signed clients of the one fewer clients prefer are
+        held on the other for as long as they are (after ``collapse_patience`` rounds in a row).  A model trained
+        on a few clients memorises them, so their losses cannot show it.  It reads the signatures the clients sent
+        in the signature start's collect rounds (those it declines too); with ``signature_hold_rounds = 0`` there
+        are none and it does nothing.
     starving_needs_reach : bool
         A cluster with a small preferred share is a collapse sign only if nobody prefers it or some
         client that prefers another cluster finds it within ``consolidation_loss_ratio`` of its best
@@ -226,6 +235,7 @@ class RoutingSettings:
     reseed_by_structure: bool = False
     crowded_by_clients: bool = False
     reseed_by_signature: bool = False
+    merge_by_signature: bool = False
     split_silhouette: float = 0.25
     start_updates: int = 1
     signature_hold_rounds: int = 0
@@ -248,7 +258,8 @@ class RoutingSettings:
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
                      "consolidate_duplicates", "reseed_empty", "reseed_split", "reseed_unwanted", "explore_at_start",
                      "starving_needs_reach", "calm_when_stable", "split_copies",
-                     "reseed_by_structure", "crowded_by_clients", "reseed_by_signature"):
+                     "reseed_by_structure", "crowded_by_clients", "reseed_by_signature",
+                     "merge_by_signature"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")
         _check(len(self.controllers) >= 1, "controllers", self.controllers,

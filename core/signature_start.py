@@ -99,6 +99,11 @@ class SignatureState:
         ``reseed_by_signature``, :func:`regrouped_state`).
     regroup_round : ndarray of int, shape (R,)
         ``t`` of the round after which each run's latest re-seed parted its source's clients (``-1``: none).
+    twin_target : ndarray of int, shape (N,)
+        The cluster each signed client's own cluster is a signature twin of this round (``-1``: none;
+        ``merge_by_signature``, :mod:`fedroute.core.signature_twins`).
+    twin_streak : ndarray of int, shape (N,)
+        Consecutive rounds it has had that target; held on it from ``collapse_patience`` on.
     """
 
     means: NDArray[np.float64]
@@ -110,6 +115,8 @@ class SignatureState:
     copy_start: NDArray[np.bool_]
     regrouped: NDArray[np.int64]
     regroup_round: NDArray[np.int64]
+    twin_target: NDArray[np.int64]
+    twin_streak: NDArray[np.int64]
 
     @classmethod
     def initial(cls, num_rows: int, num_runs: int, active: Optional[NDArray[np.bool_]] = None,
@@ -122,6 +129,7 @@ class SignatureState:
                    parted_round=np.full(num_runs, -1, dtype=np.int64),
                    regrouped=np.full(num_rows, -1, dtype=np.int64),
                    regroup_round=np.full(num_runs, -1, dtype=np.int64),
+                   twin_target=np.full(num_rows, -1, dtype=np.int64), twin_streak=np.zeros(num_rows, dtype=np.int64),
                    active=every if active is None else np.asarray(active, dtype=bool),
                    copy_start=every.copy() if copy_start is None else np.asarray(copy_start, dtype=bool))
 
@@ -139,7 +147,9 @@ class SignatureState:
                        counts=np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]))]),
                        known=np.concatenate([self.known, np.zeros(extra, dtype=bool)]),
                        held=np.concatenate([self.held, np.full(extra, -1, dtype=np.int64)]),
-                       regrouped=np.concatenate([self.regrouped, np.full(extra, -1, dtype=np.int64)]))
+                       regrouped=np.concatenate([self.regrouped, np.full(extra, -1, dtype=np.int64)]),
+                       twin_target=np.concatenate([self.twin_target, np.full(extra, -1, dtype=np.int64)]),
+                       twin_streak=np.concatenate([self.twin_streak, np.zeros(extra, dtype=np.int64)]))
 
     def recorded(self, rows: NDArray[np.int64], means: NDArray[np.floating],
                  counts: NDArray[np.floating]) -> "SignatureState":
@@ -375,8 +385,11 @@ def held_routes(state: Optional[SignatureState], rows: NDArray[np.int64], runs: 
                 settings: RoutingSettings, participation: Participation) -> Optional[NDArray[np.int64]]:
     """The cluster each of ``rows`` is held on in round ``t`` (``-1``: free), or None when nobody is held.
 
-    A run parted after round ``p`` holds its clients in rounds ``p < t ≤ p + ⌈h/f⌉`` (:func:`hold_rounds`).
-    ``rows`` of ``-1`` (a client the server does not know yet) are free.
+    A run parted after round ``p`` holds its clients in rounds ``p < t ≤ p + ⌈h/f⌉`` (:func:`hold_rounds`); a re-seed
+    by signature holds the clients it parted for as long.  With ``merge_by_signature`` a client otherwise free is
+    held on the cluster its own cluster has been a signature twin of for ``collapse_patience`` rounds in a row
+    (:mod:`fedroute.core.signature_twins`), for as long as it is.  ``rows`` of ``-1`` (a client the server does
+    not know yet) are free.
     """
     if state is None or settings.signature_hold_rounds <= 0:
         return None
@@ -391,6 +404,10 @@ def held_routes(state: Optional[SignatureState], rows: NDArray[np.int64], runs: 
     in_regroup = known & ~in_hold & (regrouped >= 0) & (round_index > regrouped) & (
         round_index <= regrouped + hold_rounds(settings, participation))
     routes[in_regroup] = state.regrouped[rows[in_regroup]]
+    if settings.merge_by_signature:                                  # a piece of a group on its twin's cluster
+        twinned = known & (routes < 0)
+        twinned[twinned] = state.twin_streak[rows[twinned]] >= settings.collapse_patience
+        routes[twinned] = state.twin_target[rows[twinned]]
     return routes if np.any(routes >= 0) else None
 
 

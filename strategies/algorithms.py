@@ -25,6 +25,7 @@ from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies, server_step
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import Signatures, parting_report, regroup_report
+from fedroute.core.signature_twins import twin_report
 from fedroute.strategies.reply_fields import signature_metrics
 from fedroute.strategies.state import Models, RunState
 from fedroute.strategies.validation import ProvisionalReply, TrainReply, validate_train_reply
@@ -103,7 +104,9 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
                                         replace(state.server, federation=federation), replies, round_index,
                                         rules.routing, rules.participation, rules.influence)
     for report in (parting_report(before, state.server.signatures, rules.routing, rules.participation, round_index),
-                   regroup_report(before, state.server.signatures, rules.routing, rules.participation, round_index)):
+                   regroup_report(before, state.server.signatures, rules.routing, rules.participation, round_index),
+                   twin_report(before, state.server.signatures, rules.routing.collapse_patience,
+                               state.server.federation)):
         if report:
             logger.info(report)
     if valid:
