@@ -231,8 +231,8 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
     estimate = estimate_federation(federation, round_index, participation.report_rounds,
                                    cluster_models.shape[-2], num_runs, influence.max_weight_ratio, state.estimate)
     health, view, regroups = state.health, None, None
+    counted = federation.counted(round_index, participation.report_rounds)
     if reads_health(settings):
-        counted = federation.counted(round_index, participation.report_rounds)
         twins = np.full(estimate.preferred_masses.shape, -1, dtype=np.int64)
         if settings.consolidate_duplicates:
             twins = duplicate_twins(federation.losses[counted], federation.preferred[counted],
@@ -261,8 +261,8 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                     replies.signatures, round_index, cluster_models, num_runs, settings,
                                     participation, regroups)
         if settings.merge_by_signature and estimate is not None:
-            signatures = twin_holds(signatures, federation, federation.counted(round_index, participation.report_rounds),
-                                    estimate.preferred_masses, settings.split_silhouette)
+            signatures = twin_holds(signatures, federation, counted, estimate.preferred_masses,
+                                    settings.split_silhouette)
     return outcome, ServerState(federation=federation, estimate=estimate, health=health, view=view,
                                 signatures=signatures)
 

@@ -52,7 +52,7 @@ from fedroute.core.signatures import (batch_class_means, has_class_samples, pair
 
 __all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "copy_starts", "collect_rounds",
            "hold_rounds", "signature_step", "held_routes", "wants_signature", "signature_orders", "sent_signatures",
-           "parting_report", "regroup_report", "regrouped_state", "two_groups"]
+           "parting_report", "regroup_report", "regrouped_state", "two_groups", "signature_parts_of"]
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ def regrouped_state(state: SignatureState, federation: FederationState, run: int
     members = members[federation.preferred[members] == source]
     if len(members) < 2:
         return state
-    similarity, labels = _signature_parts(state, members, 2)
+    similarity, labels = signature_parts_of(state, members, 2)
     if not two_groups(similarity, labels, min_silhouette):
         return state
     clusters = assigned_copies(labels, federation.route[members], federation.num_examples[members].astype(np.float64),
@@ -318,7 +318,7 @@ def regrouped_state(state: SignatureState, federation: FederationState, run: int
     return replace(state, regrouped=regrouped, regroup_round=rounds)
 
 
-def _signature_parts(state: SignatureState, members: NDArray[np.int64],
+def signature_parts_of(state: SignatureState, members: NDArray[np.int64],
                      num_parts: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """The similarity of ``members``' signatures on the classes they share and its ``num_parts``-way spectral
     partition, refined client by client (:func:`~fedroute.core.signatures.refined_parts`)."""
@@ -343,7 +343,7 @@ def _parted(state: SignatureState, federation: FederationState, run: int, round_
     """``run`` parted into ``K`` parts, each part held on its cluster."""
     members = _members(state, federation, run)
     labels = pairwise_refined_parts(state.means[members], state.counts[members],
-                                    _signature_parts(state, members, num_clusters)[1])
+                                    signature_parts_of(state, members, num_clusters)[1])
     target = assigned_copies(labels, federation.route[members], federation.num_examples[members].astype(np.float64),
                              list(range(num_clusters)))
     held, parted = state.held.copy(), state.parted_round.copy()

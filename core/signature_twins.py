@@ -41,8 +41,8 @@ from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationState
 from fedroute.core.health import twin_pairs
-from fedroute.core.signature_start import SignatureState, two_groups
-from fedroute.core.signatures import refined_parts, shared_class_similarity, spectral_parts
+from fedroute.core.signature_start import SignatureState, signature_parts_of, two_groups
+from fedroute.core.signatures import shared_class_similarity
 from fedroute.core.split import silhouette
 
 __all__ = ["signature_twins", "twin_holds", "twin_sources", "twin_report", "MIN_TWIN_CLIENTS"]
@@ -142,8 +142,7 @@ def _twin_pairs(signatures: SignatureState, members: NDArray[np.int64], preferre
 def _one_group(signatures: SignatureState, rows: NDArray[np.int64], min_silhouette: float) -> bool:
     """Whether clients (``rows``) are one group on their own: no 2-way partition of their similarity, centred over
     them, shows two groups (:func:`~fedroute.core.signature_start.two_groups`)."""
-    similarity = shared_class_similarity(signatures.means[rows], signatures.counts[rows])
-    return not two_groups(similarity, refined_parts(similarity, spectral_parts(similarity, 2)), min_silhouette)
+    return not two_groups(*signature_parts_of(signatures, rows, 2), min_silhouette)
 
 
 def twin_report(before: Optional[SignatureState], after: Optional[SignatureState], patience: int,
