@@ -167,6 +167,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     reseed_by_signature=True,
     merge_by_signature=True,
     split_copies=True,
+    split_near_copies=False,
     split_silhouette=0.25,
     explore_at_start=False,
     starving_needs_reach=True,

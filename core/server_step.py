@@ -38,6 +38,7 @@ from fedroute.core.health import (ClusterHealth, RoutingView, crowded, duplicate
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.copies import assigned_copies, identical_pools
+from fedroute.core.signature_structure import SignatureStructure, either_structure
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import Signatures, SignatureState, signature_step
 from fedroute.core.signature_twins import twin_holds, twin_sources
@@ -242,6 +243,8 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                              federation.run_index[counted], num_runs, cluster_models.shape[-2],
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
         structure = _RoundStructure(cluster_models, replies, kept, influence, settings)
+        by_signature = (SignatureStructure(state.signatures, federation, counted, cluster_models.shape[-2],
+                                           settings.split_silhouette) if settings.reseed_by_signature else None)
         counts = (preferred_counts(federation, counted, num_runs, cluster_models.shape[-2])
                   if settings.crowded_by_clients else None)
         busy = crowded(estimate.preferred_masses, counts, twins)
@@ -249,12 +252,13 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                      federation.known_clients(num_runs), evidence_settings(settings, participation),
                                      estimate.reporting, reach,
                                      None if state.estimate is None else state.estimate.preferred_masses,
-                                     structure.structure if settings.reseed_by_structure else None,
+                                     either_structure(structure.structure if settings.reseed_by_structure
+                                                      else None, by_signature),
                                      busy, twin_sources(state.signatures, federation, counted, num_runs,
                                                         cluster_models.shape[-2], settings.collapse_patience)
                                      if settings.merge_by_signature else None)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
-        regroups = crowded_reseeds(health.reseeded_from, busy)
+        regroups = crowded_reseeds(health.reseeded_from, busy, by_signature)
     signatures = state.signatures
     if settings.signature_hold_rounds > 0:
         signatures = signature_step(signatures or SignatureState.initial(0, num_runs), federation, replies.rows,
@@ -267,13 +271,18 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                 signatures=signatures)
 
 
-def crowded_reseeds(reseeded_from: NDArray[np.int64], crowded_clusters: NDArray[np.bool_]) -> NDArray[np.int64]:
+def crowded_reseeds(reseeded_from: NDArray[np.int64], crowded_clusters: NDArray[np.bool_],
+                    by_signature: Optional[SignatureStructure] = None) -> NDArray[np.int64]:
     """The round's re-seeds (``reseeded_from``, (R, K)) whose source is crowded (``crowded_clusters``, (R, K): the
     round's :func:`~fedroute.core.health.crowded`, the verdict :func:`~fedroute.core.health.update_health` read): the
-    count of clients says it holds more than one group; ``-1`` elsewhere."""
+    count of clients says it holds more than one group — or whose signed own clients part in two groups
+    (``by_signature``, :mod:`fedroute.core.signature_structure`); ``-1`` elsewhere."""
     sources = np.asarray(reseeded_from)
     runs = np.arange(len(sources))[:, None]
     busy = np.asarray(crowded_clusters, dtype=bool)[runs, np.maximum(sources, 0)]
+    if by_signature is not None:
+        for run, target in zip(*np.nonzero(sources >= 0)):
+            busy[run, target] |= bool(by_signature(int(run))[1][sources[run, target]])
     return np.where((sources >= 0) & busy, sources, -1)
 
 
@@ -292,8 +301,8 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
 
     Clusters that entered the round with the same model — ``K`` copies of a warm start, a cluster re-seeded
     with a copy — are one model in several places: a client's route among them was a tie broken at random.
-    Models closer to each other than the round's median update ``‖w_i^+ − W_{r_i}‖`` (of the run's replies)
-    count as copies too (a warm start with a little noise): no client's training can tell them apart.
+    With ``split_near_copies``, models closer to each other than the round's median update
+    ``‖w_i^+ − W_{r_i}‖`` (of the run's replies) count as copies too (a warm start with a little noise).
     Their replies are parted by the direction of their updates ``w_i^+ − W_{r_i}``
     (:func:`fedroute.core.split.partition`, at most one part per copy, a part only where the silhouette
     reaches ``settings.split_silhouette``) and each part is routed to one copy, so that each copy is trained by
@@ -315,7 +324,8 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
         if not len(in_run):
             continue
         steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[routed[in_run]], axis=1)
-        for pool in identical_pools(models, float(np.median(steps))):
+        within = float(np.median(steps)) if settings.split_near_copies else 0.0
+        for pool in identical_pools(models, within):
             rows = in_run[np.isin(routed[in_run], pool)]
             updates = trained[rows].astype(np.float64) - models[routed[rows]]
             labels = partition(updates, len(pool), settings.split_silhouette)

@@ -526,6 +526,6 @@ def regroup_report(before: Optional[SignatureState], after: Optional[SignatureSt
         return None
     clusters, sizes = np.unique(after.regrouped[after.regrouped >= 0], return_counts=True)
     placed = ", ".join(f"{int(size)} on cluster {int(cluster)}" for cluster, size in zip(clusters, sizes))
-    return (f"re-seed by signature: after round {round_index} the clients of a crowded cluster parted in two on the "
-            f"classes they share ({placed}); each is held on its copy for {hold_rounds(settings, participation)} "
+    return (f"re-seed by signature: after round {round_index} the clients of the re-seed's source (crowded, or two groups "
+            f"by their signatures) parted in two on the classes they share ({placed}); each is held on its copy for {hold_rounds(settings, participation)} "
             "rounds")

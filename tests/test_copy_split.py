@@ -3,6 +3,8 @@ fedroute.core.server_step.copy_routes; the generic default's ``split_copies``)."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -100,9 +102,13 @@ def test_near_copies_closer_than_a_step_share_their_replies() -> None:
     noise = 0.1 * step * rng.standard_normal((2, len(start))) / np.sqrt(len(start))
     models = start + noise                                                    # a warm start with a little noise
     routes = np.array([0, 1, 0, 1, 0, 1, 0, 1])
-    settings = method_settings("exp3", num_clusters=2, split_copies=True)
+    settings = method_settings("exp3", num_clusters=2, split_copies=True, split_near_copies=True)
     replies = RoundReplies(rows=np.arange(8), routes=routes, preferred=routes.copy(), num_examples=np.ones(8),
                            losses=np.zeros((8, 2)), trained_models=models[routes] + updates)
+    # The generic default pools equal models only: near copies keep their routes (Greedy's, where they part).
+    assert not method_settings("exp3").split_near_copies
+    np.testing.assert_array_equal(copy_routes(models, replies, replace(settings, split_near_copies=False)).routes,
+                                  routes)
     parted = copy_routes(models, replies, settings)
     assert len(set(parted.routes[:4])) == 1 and len(set(parted.routes[4:])) == 1 and parted.routes[0] != parted.routes[4]
     far = np.stack([start, start + 3 * step / np.sqrt(len(start)) * np.ones(len(start))])  # three steps apart

@@ -168,16 +168,17 @@ def test_a_cluster_whose_clients_are_held_on_a_twin_is_spare_and_triggers_no_exp
 # --------------------------------------------------------------------------- #
 # Flower ≡ simulator
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("fraction, seed", [(1.0, 4), (0.5, 4)])
-def test_flower_equals_the_simulator_through_a_merge_by_signature(fraction: float, seed: int, caplog: Any) -> None:
+@pytest.mark.parametrize("fraction, seed, num_clusters", [(1.0, 4, 5), (0.5, 4, 6)])
+def test_flower_equals_the_simulator_through_a_merge_by_signature(fraction: float, seed: int, num_clusters: int,
+                                                                    caplog: Any) -> None:
     run_config = app_run_config({"task": "boundaries", "num-clients": 15, "num-server-rounds": 12, "seed": seed,
                                  "fraction-train": fraction, "preset": "generic", "init": "random",
-                                 "num-clusters": 5, "method": "exp3", "collapse-patience": 2})
+                                 "num-clusters": num_clusters, "method": "exp3", "collapse-patience": 2})
     settings = parse_run_config(run_config)
     assert settings.routing["exp3"].merge_by_signature                   # the generic default's
     grid = builtin_nodes(run_config, 15, node_seed=3)
     with caplog.at_level(logging.INFO, logger="fedroute"):
-        strategy = builtin_run(run_config, "exp3", grid, fraction, num_models=5)
+        strategy = builtin_run(run_config, "exp3", grid, fraction, num_models=num_clusters)
     history = simulate(settings.task, settings.routing["exp3"], 12, seed, participation=Participation(fraction, 2))
     for t in range(12):
         played = np.flatnonzero(history.played[t])
