@@ -72,8 +72,8 @@ from numpy.typing import NDArray
 from fedroute.core.controllers import close_twin
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
-__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "twin_pairs", "within_reach", "update_health", "routing_view",
-           "reseeding", "read_structure"]
+__all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "twin_pairs", "within_reach", "update_health",
+           "routing_view", "reseeding", "read_structure"]
 
 
 @dataclass(frozen=True)

@@ -323,8 +323,10 @@ def copy_routes(cluster_models: NDArray[np.floating], replies: RoundReplies, set
         in_run = np.flatnonzero(_in_run(replies, run))
         if not len(in_run):
             continue
-        steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[routed[in_run]], axis=1)
-        within = float(np.median(steps)) if settings.split_near_copies else 0.0
+        within = 0.0                                                      # equal models only, unless near copies
+        if settings.split_near_copies:
+            steps = np.linalg.norm(trained[in_run].astype(np.float64) - models[routed[in_run]], axis=1)
+            within = float(np.median(steps))
         for pool in identical_pools(models, within):
             rows = in_run[np.isin(routed[in_run], pool)]
             updates = trained[rows].astype(np.float64) - models[routed[rows]]

@@ -52,7 +52,8 @@ from fedroute.core.signatures import (batch_class_means, has_class_samples, pair
 
 __all__ = ["Signatures", "SignatureState", "SignatureOrders", "active_runs", "copy_starts", "collect_rounds",
            "hold_rounds", "signature_step", "held_routes", "wants_signature", "signature_orders", "sent_signatures",
-           "parting_report", "regroup_report", "regrouped_state", "two_groups", "signature_parts_of"]
+           "parting_report", "regroup_report", "regrouped_state", "two_groups", "signature_parts_of",
+           "in_client_order", "signed_own_clients"]
 
 
 @dataclass(frozen=True)
@@ -334,8 +335,22 @@ def _signed_skew(counts: NDArray[np.float64], num_clusters: int) -> Optional[Lab
 
 def _members(state: SignatureState, federation: FederationState, run: int) -> NDArray[np.int64]:
     """The rows of ``run`` with a signature, in client-id order (both runtimes part the same sequence)."""
-    rows = np.flatnonzero(state.known & (federation.run_index == run))
+    return in_client_order(federation, np.flatnonzero(state.known & (federation.run_index == run)))
+
+
+def in_client_order(federation: FederationState, rows: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``rows`` sorted by client id (stable): the order both runtimes part clients in, whatever their row order."""
     return rows[np.argsort(federation.client_ids[rows], kind="stable")]
+
+
+def signed_own_clients(state: Optional[SignatureState], federation: FederationState,
+                       counted: NDArray[np.bool_]) -> NDArray[np.bool_]:
+    """Per federation row: a counted client (:meth:`FederationState.counted`) with a Greedy choice that sent a
+    signature — the clients the merge and the structure by signature read (``state`` None: nobody)."""
+    signed = np.zeros(len(federation.client_ids), dtype=bool)
+    if state is not None:
+        signed[:len(state.known)] = state.known
+    return signed & np.asarray(counted, dtype=bool) & (federation.preferred >= 0)
 
 
 def _parted(state: SignatureState, federation: FederationState, run: int, round_index: int,
@@ -385,9 +400,9 @@ def held_routes(state: Optional[SignatureState], rows: NDArray[np.int64], runs: 
                 settings: RoutingSettings, participation: Participation) -> Optional[NDArray[np.int64]]:
     """The cluster each of ``rows`` is held on in round ``t`` (``-1``: free), or None when nobody is held.
 
-    A run parted after round ``p`` holds its clients in rounds ``p < t ≤ p + ⌈h/f⌉`` (:func:`hold_rounds`); a re-seed
-    by signature holds the clients it parted for as long.  With ``merge_by_signature`` a client otherwise free is
-    held on the cluster its own cluster has been a signature twin of for ``collapse_patience`` rounds in a row
+    A run parted after round ``p`` holds its clients in rounds ``p < t ≤ p + ⌈h/f⌉`` (:func:`hold_rounds`); a
+    re-seed by signature holds the clients it parted for as long.  With ``merge_by_signature`` a client otherwise free
+    is held on the cluster its own cluster has been a signature twin of for ``collapse_patience`` rounds in a row
     (:mod:`fedroute.core.signature_twins`), for as long as it is.  ``rows`` of ``-1`` (a client the server does
     not know yet) are free.
     """
@@ -526,6 +541,6 @@ def regroup_report(before: Optional[SignatureState], after: Optional[SignatureSt
         return None
     clusters, sizes = np.unique(after.regrouped[after.regrouped >= 0], return_counts=True)
     placed = ", ".join(f"{int(size)} on cluster {int(cluster)}" for cluster, size in zip(clusters, sizes))
-    return (f"re-seed by signature: after round {round_index} the clients of the re-seed's source (crowded, or two groups "
-            f"by their signatures) parted in two on the classes they share ({placed}); each is held on its copy for {hold_rounds(settings, participation)} "
-            "rounds")
+    return (f"re-seed by signature: after round {round_index} the clients of the re-seed's source (crowded, or two "
+            f"groups by their signatures) parted in two on the classes they share ({placed}); each is held on its copy "
+            f"for {hold_rounds(settings, participation)} rounds")

@@ -26,7 +26,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationState
-from fedroute.core.signature_start import SignatureState, signature_parts_of, two_groups
+from fedroute.core.signature_start import (SignatureState, in_client_order, signature_parts_of, signed_own_clients,
+                                          two_groups)
 
 __all__ = ["SignatureStructure", "either_structure", "MIN_SIGNED_CLIENTS", "MIN_SIDE_CLIENTS"]
 
@@ -62,10 +63,7 @@ class SignatureStructure:
                  counted: NDArray[np.bool_], num_clusters: int, min_silhouette: float) -> None:
         self.signatures, self.federation, self.num_clusters = signatures, federation, num_clusters
         self.min_silhouette = min_silhouette
-        signed = np.zeros(len(federation.client_ids), dtype=bool)
-        if signatures is not None:
-            signed[:len(signatures.known)] = signatures.known
-        self.signed = signed & np.asarray(counted, dtype=bool) & (federation.preferred >= 0)
+        self.signed = signed_own_clients(signatures, federation, counted)
         self._read: dict[int, tuple[NDArray[np.bool_], NDArray[np.bool_]]] = {}
 
     def __call__(self, run: int) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
@@ -74,10 +72,9 @@ class SignatureStructure:
             parted = np.zeros(self.num_clusters, dtype=bool)
             in_run = self.signed & (self.federation.run_index == run)
             for cluster in range(self.num_clusters):
-                rows = np.flatnonzero(in_run & (self.federation.preferred == cluster))
+                rows = in_client_order(self.federation, np.flatnonzero(in_run & (self.federation.preferred == cluster)))
                 if len(rows) < MIN_SIGNED_CLIENTS:
                     continue
-                rows = rows[np.argsort(self.federation.client_ids[rows], kind="stable")]
                 similarity, labels = signature_parts_of(self.signatures, rows, 2)
                 sides = np.bincount(labels, minlength=2)
                 read[cluster] = True

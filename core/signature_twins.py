@@ -41,7 +41,8 @@ from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationState
 from fedroute.core.health import twin_pairs
-from fedroute.core.signature_start import SignatureState, signature_parts_of, two_groups
+from fedroute.core.signature_start import (SignatureState, in_client_order, signature_parts_of, signed_own_clients,
+                                          two_groups)
 from fedroute.core.signatures import shared_class_similarity
 from fedroute.core.split import silhouette
 
@@ -75,13 +76,9 @@ def signature_twins(signatures: SignatureState, federation: FederationState, cou
     """
     num_runs, num_clusters = preferred_masses.shape
     merged = np.full((num_runs, num_clusters), -1, dtype=np.int64)
-    rows = len(signatures.known)
-    signed = np.zeros(len(federation.client_ids), dtype=bool)
-    signed[:rows] = signatures.known
-    signed &= np.asarray(counted, dtype=bool) & (federation.preferred >= 0)
+    signed = signed_own_clients(signatures, federation, counted)
     for run in np.unique(federation.run_index[signed]):
-        members = np.flatnonzero(signed & (federation.run_index == run))
-        members = members[np.argsort(federation.client_ids[members], kind="stable")]
+        members = in_client_order(federation, np.flatnonzero(signed & (federation.run_index == run)))
         for small, large in twin_pairs(_twin_pairs(signatures, members, federation.preferred[members],
                                                    num_clusters, min_silhouette), preferred_masses[run]):
             merged[run, small] = large

@@ -85,7 +85,7 @@ def test_the_signatures_add_evidence_of_two_groups_only() -> None:
                                     np.ones(30, dtype=bool), NUM_CLUSTERS, 0.25)
     read, parted = either_structure(directions, signatures)(0)
     assert parted.tolist() == [False, True, False, False]
-    assert read.tolist() == [True, True, False, False]             # clusters 2 and 3 read whole by signature: not counted
+    assert read.tolist() == [True, True, False, False]   # clusters 2 and 3 read whole by signature: not counted
     assert either_structure(None, None) is None and either_structure(directions, None) is directions
     read, parted = either_structure(None, signatures)(0)
     assert read.tolist() == parted.tolist() == [False, True, False, False]
