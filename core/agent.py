@@ -320,7 +320,9 @@ def greedy_choices(
     greedy_choice = preferred = ctl.greedy_routes(losses, tie_uniforms)
     if view is not None and np.any(view.merged_into >= 0):
         greedy_choice = ctl.consolidating_greedy_routes(losses, view.merged_into >= 0, tie_uniforms,
-                                                        settings.consolidation_loss_ratio, relative=True)
+                                                        settings.consolidation_loss_ratio, relative=True,
+                                                        not_third=view.spare if settings.restart_idle_spares
+                                                        else None)
     return greedy_choice, preferred
 
 

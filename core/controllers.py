@@ -60,7 +60,7 @@ def greedy_routes(losses: NDArray[np.float64], tie_uniforms: Optional[NDArray[np
 
 def consolidating_greedy_routes(
     losses: NDArray[np.float64], spare: NDArray[np.bool_], tie_uniforms: Optional[NDArray[np.float64]] = None,
-    loss_ratio: float = float("inf"), relative: bool = False,
+    loss_ratio: float = float("inf"), relative: bool = False, not_third: Optional[NDArray[np.bool_]] = None,
 ) -> NDArray[np.int64]:
     """Greedy that skips the *spare* clusters, for the clients that have a close alternative.
 
@@ -89,6 +89,9 @@ def consolidating_greedy_routes(
         ``ρ ≥ 1`` (default: no guard).
     relative : bool
         Also skip where the alternative is close relative to the third cluster (above).
+    not_third : ndarray of bool, shape (n, K) or (K,), optional
+        Clusters that are not the third cluster while another one is (the spares, with
+        ``restart_idle_spares``; as in :func:`fedroute.core.health.duplicate_twins`).
 
     Returns
     -------
@@ -101,15 +104,15 @@ def consolidating_greedy_routes(
     alternative = remaining.min(axis=-1, keepdims=True)                  # +inf when every cluster is spare
     close = alternative <= loss_ratio * best
     if relative and losses.shape[-1] >= 3:
-        close |= _close_relative_to_third(losses, remaining, loss_ratio)
+        close |= _close_relative_to_third(losses, remaining, loss_ratio, not_third)
     skipped = spare & np.isfinite(alternative) & close
     return greedy_routes(np.where(skipped, np.inf, losses), tie_uniforms)
 
 
 def _close_relative_to_third(losses: NDArray[np.float64], remaining: NDArray[np.float64],
-                             loss_ratio: float) -> NDArray[np.bool_]:
+                             loss_ratio: float, not_third: Optional[NDArray[np.bool_]] = None) -> NDArray[np.bool_]:
     """Per client ``(n, 1)``: :func:`close_twin` for its best remaining cluster, against the nearest cluster that
-    is neither that one nor its best."""
+    is neither that one nor its best (nor ``not_third``, while another one is left)."""
     tiny = np.finfo(np.float64).tiny
     logs = np.log(np.maximum(losses, tiny))
     rows = np.arange(len(logs))
@@ -118,6 +121,9 @@ def _close_relative_to_third(losses: NDArray[np.float64], remaining: NDArray[np.
     others = logs.copy()
     others[rows, logs.argmin(axis=-1)] = np.inf
     others[rows, remaining.argmin(axis=-1)] = np.inf
+    if not_third is not None:
+        eligible = np.where(np.broadcast_to(np.asarray(not_third, dtype=bool), others.shape), np.inf, others)
+        others = np.where(np.isfinite(eligible).any(axis=-1, keepdims=True), eligible, others)
     return close_twin(alternative - own, others.min(axis=-1, keepdims=True) - own, loss_ratio)
 
 

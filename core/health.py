@@ -32,6 +32,10 @@ presets explore always).  After every round the server reads the federation esti
   them apart, or — ``reseed_split`` — with one half of the crowded cluster's round, its
   replies split in two by update direction (:mod:`fedroute.core.split`), the crowded cluster
   keeping the other half;
+* **idle spares** (``restart_idle_spares``) — a spare on which no known client's latest route lies
+  (every client that trained it has left it, however long ago it last reported: :func:`idle_spares`)
+  returns to its start model in the server step, ready for a group that needs a cluster; and a spare
+  is not the duplicate test's third cluster while another one is;
 * **duplicates** (``consolidate_duplicates``) — two clusters that serve the same clients:
   for each one's clients the other is at most half as far (in log loss ratio, medians) as
   the nearest third cluster, which is at least ``ρ`` times worse than their own.  The smaller one is
@@ -73,7 +77,7 @@ from fedroute.core.controllers import close_twin
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
 __all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "twin_pairs", "within_reach", "update_health",
-           "routing_view", "reseeding", "read_structure"]
+           "routing_view", "reseeding", "read_structure", "idle_spares"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,8 @@ class RoutingView:
 
 
 def duplicate_twins(losses: NDArray[np.float64], preferred: NDArray[np.int64], run_index: NDArray[np.int64],
-                    preferred_masses: NDArray[np.float64], num_runs: int, ratio: float) -> NDArray[np.int64]:
+                    preferred_masses: NDArray[np.float64], num_runs: int, ratio: float,
+                    not_third: Optional[NDArray[np.bool_]] = None) -> NDArray[np.int64]:
     """Which clusters are duplicates of another, per run (module docstring).
 
     Parameters
@@ -176,6 +181,9 @@ def duplicate_twins(losses: NDArray[np.float64], preferred: NDArray[np.int64], r
     num_runs : int
     ratio : float
         ``ρ ≥ 1``.
+    not_third : ndarray of bool, shape (R, K), optional
+        Clusters that are not a pair's third cluster while another one is (``restart_idle_spares``: the
+        spares — a start model, or a stale piece of a group, says nothing about how far another group is).
 
     Returns
     -------
@@ -190,7 +198,8 @@ def duplicate_twins(losses: NDArray[np.float64], preferred: NDArray[np.int64], r
     safe = np.maximum(losses, np.finfo(np.float64).tiny)
     for run in np.unique(run_index):
         rows = run_index == run
-        for small, large in twin_pairs(_close_pairs(safe[rows], preferred[rows], num_clusters, ratio),
+        skipped = None if not_third is None else np.asarray(not_third, dtype=bool)[run]
+        for small, large in twin_pairs(_close_pairs(safe[rows], preferred[rows], num_clusters, ratio, skipped),
                                        preferred_masses[run]):
             merged[run, small] = large
     return merged
@@ -210,8 +219,8 @@ def twin_pairs(pairs: list[tuple[float, int, int]], preferred_masses: NDArray[np
     return chosen
 
 
-def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_clusters: int, ratio: float
-                 ) -> list[tuple[float, int, int]]:
+def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_clusters: int, ratio: float,
+                 not_third: Optional[NDArray[np.bool_]] = None) -> list[tuple[float, int, int]]:
     """``(score, j, k)`` for every pair of clusters that serve the same clients (one run; module docstring).
 
     Per side, in log loss ratios over the side's clients (medians): the twin must be at most half as
@@ -230,7 +239,7 @@ def _close_pairs(losses: NDArray[np.float64], preferred: NDArray[np.int64], num_
             own_k = logs[preferred == k]
             if not len(own_k):
                 continue
-            sides = [_side(own_j, j, k), _side(own_k, k, j)]
+            sides = [_side(own_j, j, k, not_third), _side(own_k, k, j, not_third)]
             if all(close_twin(twin, third, ratio) for twin, third in sides):
                 pairs.append((max(twin for twin, _ in sides), j, k))
     return pairs
@@ -270,9 +279,16 @@ def within_reach(losses: NDArray[np.float64], preferred: NDArray[np.int64], run_
     return reach
 
 
-def _side(own: NDArray[np.float64], cluster: int, twin: int) -> tuple[float, float]:
-    """Median log ratio of a cluster's clients to the twin and to the nearest third cluster."""
-    third = np.delete(own, [cluster, twin], axis=1).min(axis=1)
+def _side(own: NDArray[np.float64], cluster: int, twin: int, not_third: Optional[NDArray[np.bool_]] = None
+          ) -> tuple[float, float]:
+    """Median log ratio of a cluster's clients to the twin and to the nearest third cluster (one that is not
+    ``not_third``, (K,), when there is one)."""
+    others = np.delete(own, [cluster, twin], axis=1)
+    if not_third is not None:
+        eligible = ~np.delete(np.asarray(not_third, dtype=bool), [cluster, twin])
+        if eligible.any():
+            others = others[:, eligible]
+    third = others.min(axis=1)
     return float(np.median(own[:, twin] - own[:, cluster])), float(np.median(third - own[:, cluster]))
 
 
@@ -376,6 +392,37 @@ def update_health(health: ClusterHealth, preferred_masses: NDArray[np.float64], 
                                    for name, value in ((name, getattr(updated, name))
                                                        for name in ClusterHealth.__dataclass_fields__)})
     return updated, routing_view(updated, settings)
+
+
+def idle_spares(spare: NDArray[np.bool_], latest_routes: NDArray[np.int64], run_index: NDArray[np.int64],
+                num_runs: int) -> NDArray[np.bool_]:
+    """Per run and cluster, a spare cluster on which no known client's latest route lies (``restart_idle_spares``).
+
+    Every client that trained such a cluster has since moved to another one, however long ago it last
+    reported: a cluster whose group is only absent from the recent rounds (partial participation, clients
+    that return) still carries their latest routes and is never idle.
+
+    Parameters
+    ----------
+    spare : ndarray of bool, shape (R, K)
+        :attr:`ClusterHealth.spare` after the round.
+    latest_routes : ndarray of int, shape (n,)
+        Every client's latest route (``-1``: the client has not reported yet).
+    run_index : ndarray of int, shape (n,)
+        Each client's run.
+    num_runs : int
+        ``R``.
+
+    Returns
+    -------
+    ndarray of bool, shape (R, K)
+    """
+    spare = np.asarray(spare, dtype=bool)
+    latest_routes = np.asarray(latest_routes, dtype=np.int64)
+    known = latest_routes >= 0
+    used = np.zeros((num_runs, spare.shape[-1]), dtype=bool)
+    used[np.asarray(run_index, dtype=np.int64)[known], latest_routes[known]] = True
+    return spare & ~used
 
 
 def reseeding(preferred_masses: NDArray[np.float64], targets: NDArray[np.bool_], settings: RoutingSettings,

@@ -223,6 +223,9 @@ class RoundAggregate:
     masses: Optional[NDArray[np.float64]]
     """Routing masses of the kept replies (capped weights); ``None`` if no reply was kept (one run); shape
     (R, K) for batched runs (zeros for a run without a kept reply)."""
+    restarted: Optional[NDArray[np.bool_]] = None
+    """Clusters the server step returned to their start model (``restart_idle_spares``), shaped as
+    ``non_finite_clusters``; ``None``: none."""
 
 
 def aggregate_round(cluster_models: NDArray[np.floating], client_models: NDArray[np.floating],

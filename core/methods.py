@@ -168,6 +168,7 @@ GENERIC_DEFAULTS: dict[str, Any] = dict(
     merge_by_signature=True,
     split_copies=True,
     split_near_copies=False,
+    restart_idle_spares=True,
     split_silhouette=0.25,
     explore_at_start=False,
     starving_needs_reach=True,

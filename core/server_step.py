@@ -14,7 +14,8 @@ After a round's replies are in (validated, in client-id order), the server
    reads it (``explore_on = "collapse"``, ``consolidate_duplicates`` or ``reseed_empty``);
    a re-seeded cluster's model is replaced by a copy of its source, or — with ``reseed_split`` —
    the source's replies of the round are split in two by direction (:mod:`fedroute.core.split`)
-   and the source and the re-seeded cluster get one half each;
+   and the source and the re-seeded cluster get one half each; with ``restart_idle_spares`` a spare
+   cluster no known client's latest route lies on returns to its start model;
 4. with the signature start (``signature_hold_rounds > 0``), records the replies' signatures, parts the
    clients once the first rounds' are in and places late ones (:mod:`fedroute.core.signature_start`).
 
@@ -33,8 +34,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedroute.core.federation import FederationEstimate, FederationState, estimate_federation
-from fedroute.core.health import (ClusterHealth, RoutingView, crowded, duplicate_twins, routing_view, update_health,
-                                  within_reach)
+from fedroute.core.health import (ClusterHealth, RoutingView, crowded, duplicate_twins, idle_spares, routing_view,
+                                  update_health, within_reach)
 from fedroute.core.influence import InfluenceBounds, RoundAggregate, aggregate_round
 from fedroute.core.participation import Participation
 from fedroute.core.copies import assigned_copies, identical_pools
@@ -198,7 +199,8 @@ def server_init(federation: FederationState, num_runs: int, num_clusters: int,
 
 def server_step(cluster_models: NDArray[np.floating], state: ServerState, replies: RoundReplies, round_index: int,
                 settings: RoutingSettings, participation: Participation, influence: InfluenceBounds,
-                num_runs: int = 1) -> tuple[RoundAggregate, ServerState]:
+                num_runs: int = 1, start_models: Optional[NDArray[np.floating]] = None
+                ) -> tuple[RoundAggregate, ServerState]:
     """One server round (module docstring).
 
     Parameters
@@ -215,13 +217,26 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
     influence : InfluenceBounds
     num_runs : int
         ``R``.
+    start_models : ndarray, optional
+        ``W^0``, shaped as ``cluster_models``: where ``restart_idle_spares`` returns an idle spare
+        (required with it).
 
     Returns
     -------
     aggregate : RoundAggregate
         ``W^{t+1}`` and which replies were kept.
     state : ServerState
+
+    Raises
+    ------
+    ValueError
+        ``restart_idle_spares`` without ``start_models``, or start models of another shape.
     """
+    if settings.restart_idle_spares and reads_health(settings) and (
+            start_models is None or np.shape(start_models) != np.shape(cluster_models)):
+        raise ValueError(f"server_step: restart_idle_spares needs start_models shaped as the cluster models "
+                         f"{np.shape(cluster_models)}, got {None if start_models is None else np.shape(start_models)}; "
+                         "pass the run's initial cluster models, or set restart_idle_spares = False")
     replies = copy_routes(cluster_models, replies, settings, num_runs)
     outcome = aggregate_round(cluster_models, replies.trained_models, replies.routes, replies.num_examples, influence,
                               replies.run_index)
@@ -238,7 +253,8 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
         if settings.consolidate_duplicates:
             twins = duplicate_twins(federation.losses[counted], federation.preferred[counted],
                                     federation.run_index[counted], estimate.preferred_masses, num_runs,
-                                    settings.consolidation_loss_ratio)
+                                    settings.consolidation_loss_ratio,
+                                    state.health.spare if settings.restart_idle_spares else None)
         reach = within_reach(federation.losses[counted], federation.preferred[counted],
                              federation.run_index[counted], num_runs, cluster_models.shape[-2],
                              settings.consolidation_loss_ratio) if settings.starving_needs_reach else None
@@ -258,6 +274,9 @@ def server_step(cluster_models: NDArray[np.floating], state: ServerState, replie
                                                         cluster_models.shape[-2], settings.collapse_patience)
                                      if settings.merge_by_signature else None)
         outcome = _reseeded(outcome, health.reseeded_from, structure)
+        if settings.restart_idle_spares:
+            outcome = _restarted(outcome, idle_spares(health.spare, federation.route, federation.run_index, num_runs),
+                                 start_models)
         regroups = crowded_reseeds(health.reseeded_from, busy, by_signature)
     signatures = state.signatures
     if settings.signature_hold_rounds > 0:
@@ -415,6 +434,24 @@ class _RoundStructure:
         return split_models(_run_models(self.cluster_models, run)[source],
                             np.asarray(self.replies.trained_models)[rows], np.asarray(self.replies.num_examples)[rows],
                             self.influence, side)
+
+
+def _restarted(outcome: RoundAggregate, idle: NDArray[np.bool_], start_models: NDArray[np.floating]
+               ) -> RoundAggregate:
+    """The round's models with every idle spare (``idle``, (R, K): :func:`~fedroute.core.health.idle_spares`)
+    returned to its start model (``restart_idle_spares``); the models are copied only when one changes."""
+    idle = np.asarray(idle).reshape(-1, np.shape(idle)[-1])
+    changed = [(int(run), int(cluster)) for run, cluster in zip(*np.nonzero(idle))
+               if not np.array_equal(_run_models(outcome.models, int(run))[cluster],
+                                     _run_models(start_models, int(run))[cluster])]
+    if not changed:
+        return outcome
+    models = np.array(outcome.models, copy=True)
+    restarted = np.zeros(idle.shape, dtype=bool)
+    for run, cluster in changed:
+        _run_models(models, run)[cluster] = _run_models(start_models, run)[cluster]
+        restarted[run, cluster] = True
+    return replace(outcome, models=models, restarted=restarted.reshape(np.shape(outcome.non_finite_clusters)))
 
 
 def _run_models(models: NDArray[np.floating], run: int) -> NDArray[np.floating]:

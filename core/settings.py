@@ -178,6 +178,17 @@ class RoutingSettings:
         clients' losses, Greedy's routes among them part the groups where they can, and re-routing the round's
         replies there only changes which run of the training lottery is drawn (development seeds 100–109, noisy
         starts: no harm 11 → 16 / 16 of Greedy's successes, recovered 31 / 34 both; ``docs/algorithm.md``).
+    restart_idle_spares : bool
+        A spare cluster (:func:`fedroute.core.health.update_health`) on which no known client's latest route
+        lies — every client that trained it has left it — is returned to its start model (the run's initial
+        model of that cluster) at the end of the round (:func:`fedroute.core.health.idle_spares`), and a spare
+        is not the duplicate test's third cluster while another cluster is (:func:`fedroute.core.health.
+        duplicate_twins`, :func:`fedroute.core.controllers.consolidating_greedy_routes`): a start model, or a
+        stale piece of a group, says nothing about how far another group is.  A model trained by a group that
+        has since left is a worse start for the next group that needs a cluster (one that joins late) than
+        the start itself; restarted beside a group split over two copies of a warm start, the warm model
+        looked like a near third and kept the split apart until spares stopped counting as thirds
+        (``docs/algorithm.md``, "Idle spares restart").
     start_updates : int
         Local updates (≥ 1) a client chains in round 0 when its routed model has a copy among the
         broadcast models — another model closer to it than the client's first update moved it (a
@@ -242,6 +253,7 @@ class RoutingSettings:
     calm_when_stable: bool = False
     split_copies: bool = False
     split_near_copies: bool = False
+    restart_idle_spares: bool = False
     reseed_by_structure: bool = False
     crowded_by_clients: bool = False
     reseed_by_signature: bool = False
@@ -268,7 +280,7 @@ class RoutingSettings:
         for name in ("synchronized_entry", "mass_threshold_inclusive", "exploitation_consolidates",
                      "consolidate_duplicates", "reseed_empty", "reseed_split", "reseed_unwanted", "explore_at_start",
                      "starving_needs_reach", "calm_when_stable", "split_copies", "split_near_copies",
-                     "reseed_by_structure", "crowded_by_clients", "reseed_by_signature",
+                     "restart_idle_spares", "reseed_by_structure", "crowded_by_clients", "reseed_by_signature",
                      "merge_by_signature"):
             _check(isinstance(getattr(self, name), (bool, np.bool_)), name, getattr(self, name), "true or false")
         _check(self.num_clusters >= 1, "num_clusters", self.num_clusters, "an integer ≥ 1")

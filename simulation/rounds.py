@@ -298,6 +298,7 @@ def run_rounds(algorithm: RoundAlgorithm, tasks: Sequence[Task], federation: Fed
     server = server_init(FederationState.of_clients(federation.client_ids, settings.num_clusters,
                                                     federation.run_of_client),
                          num_runs, settings.num_clusters, settings, participation)
+    start = np.array(algorithm.cluster_parts(models), copy=True) if settings.restart_idle_spares else None
     provisional = algorithm.provisional_masses(models, client_state, federation, participation, influence)
     masses = provisional
     recorder = _Record(federation, detail, kept_rounds, algorithm)
@@ -313,7 +314,7 @@ def run_rounds(algorithm: RoundAlgorithm, tasks: Sequence[Task], federation: Fed
                                                    _view_of(server, runs), round_index, num_rounds, orders)
         previous = models
         models, server = _server_round(algorithm, models, server, step, rows, runs, federation, round_index,
-                                       participation, influence)
+                                       participation, influence, start)
         masses = server.estimate.masses
         latest_routes[rows] = step.routes
         if on_round is not None:
@@ -334,13 +335,15 @@ def _view_of(server: ServerState, runs: NDArray[np.int64]) -> Optional[RoutingVi
 
 def _server_round(algorithm: RoundAlgorithm, models: Any, server: ServerState, step: ClientStep,
                   rows: NDArray[np.int64], runs: NDArray[np.int64], federation: Federation, round_index: int,
-                  participation: Participation, influence: InfluenceBounds) -> tuple[Any, ServerState]:
-    """The strategy's server side: :func:`~fedroute.core.server_step.server_step`, then the algorithm's update."""
+                  participation: Participation, influence: InfluenceBounds,
+                  start_models: Optional[NDArray[np.floating]] = None) -> tuple[Any, ServerState]:
+    """The strategy's server side: :func:`~fedroute.core.server_step.server_step`, then the algorithm's update
+    (``start_models``: the cluster models ``W^0``, where ``restart_idle_spares`` returns an idle spare)."""
     replies = RoundReplies(rows=rows, routes=step.routes, preferred=step.preferred,
                            num_examples=federation.num_examples[rows], losses=step.losses,
                            trained_models=step.trained_models, run_index=runs, signatures=step.signatures)
     aggregate, server = server_step(algorithm.cluster_parts(models), server, replies, round_index,
-                                    algorithm.settings, participation, influence, federation.num_runs)
+                                    algorithm.settings, participation, influence, federation.num_runs, start_models)
     return algorithm.server_update(models, aggregate, step, replies, influence), server
 
 

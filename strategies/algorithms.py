@@ -102,13 +102,19 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
     before = state.server.signatures
     outcome, state.server = server_step(protocol.stack_flat(state.cluster_models),
                                         replace(state.server, federation=federation), replies, round_index,
-                                        rules.routing, rules.participation, rules.influence)
+                                        rules.routing, rules.participation, rules.influence,
+                                        start_models=state.start_models)
     for report in (parting_report(before, state.server.signatures, rules.routing, rules.participation, round_index),
                    regroup_report(before, state.server.signatures, rules.routing, rules.participation, round_index),
                    twin_report(before, state.server.signatures, rules.routing.collapse_patience,
                                state.server.federation)):
         if report:
             logger.info(report)
+    if outcome.restarted is not None:
+        for cluster in np.flatnonzero(outcome.restarted):
+            logger.info(f"spare restarted: after round {round_index} every client that trained cluster {int(cluster)} "
+                        "has moved to another cluster; it is spare and returns to its start model "
+                        "(restart-idle-spares), a clean start for a group that needs a cluster")
     if valid:
         state.cluster_models = [protocol.unflatten_arrays(vector, template) for vector in outcome.models]
     if state.server.estimate.reporting[0] > 0:

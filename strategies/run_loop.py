@@ -62,6 +62,8 @@ def begin_run(strategy: "RoutingAdapter", grid: Grid, initial_arrays: ArrayRecor
     if num_rounds < 1:
         raise invalid("num_rounds", num_rounds, "an integer ≥ 1")
     state.cluster_models = initial_models(initial_arrays, strategy.num_clusters)
+    state.start_models = (protocol.stack_flat(state.cluster_models) if strategy.routing.restart_idle_spares
+                          else None)
     state.reply_timeout = timeout or strategy.round_timeout
     state.num_rounds, state.grid = num_rounds, grid
     ensure_console_handler(logger)

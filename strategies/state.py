@@ -78,6 +78,9 @@ class RunState:
         """Local training's model of each client (:mod:`fedroute.strategies.local`)."""
         self.initial_record: Optional[ArrayRecord] = None
         """Local training's initial model, sent to a client before its first valid reply."""
+        self.start_models: Optional[NDArray] = None
+        """The run's initial cluster models, flat ``(K, P)`` (``restart_idle_spares``: where an idle spare
+        returns; taken from the initial arrays the strategy starts with, on a resumed run too)."""
 
     @classmethod
     def new(cls, routing: RoutingSettings, participation: Participation) -> "RunState":

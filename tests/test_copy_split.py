@@ -173,7 +173,7 @@ def test_the_server_step_trains_each_copy_on_one_group_and_batches_equal_single_
     for start, updates, routes in runs:
         state = server_init(FederationState.of_clients(np.arange(6), 2), 1, 2, settings)
         outcome, _ = server_step(np.tile(start, (2, 1)), state, _replies(start, updates, routes, 2), 0,
-                                 settings, Participation(), InfluenceBounds())
+                                 settings, Participation(), InfluenceBounds(), start_models=np.tile(start, (2, 1)))
         means = [start + updates[:3].mean(axis=0), start + updates[3:].mean(axis=0)]
         assert any(np.allclose(outcome.models, np.stack(order)) for order in (means, means[::-1]))
         singles.append(outcome.models)
@@ -184,5 +184,6 @@ def test_the_server_step_trains_each_copy_on_one_group_and_batches_equal_single_
         rows=np.arange(12), routes=np.concatenate([r for _, _, r in runs]),
         preferred=np.concatenate([r for _, _, r in runs]), num_examples=np.ones(12), losses=np.zeros((12, 2)),
         trained_models=np.concatenate([s + u for s, u, _ in runs]), run_index=np.repeat([0, 1], 6))
-    outcome, _ = server_step(starts, state, batch, 0, settings, Participation(), InfluenceBounds(), num_runs=2)
+    outcome, _ = server_step(starts, state, batch, 0, settings, Participation(), InfluenceBounds(), num_runs=2,
+                             start_models=starts)
     np.testing.assert_allclose(outcome.models, np.stack(singles), rtol=0, atol=1e-12)

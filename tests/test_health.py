@@ -141,7 +141,8 @@ def test_the_server_step_copies_the_crowded_model_into_the_reseeded_cluster() ->
     replies = RoundReplies(rows=np.arange(4), routes=np.array([0, 0, 0, 1]), preferred=np.array([0, 0, 0, 1]),
                            num_examples=np.ones(4), losses=np.tile([0.1, 0.5, 2.0], (4, 1)),
                            trained_models=np.array([[1.5, 1.5]] * 3 + [[2.5, 2.5]]))
-    outcome, state = server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds())
+    outcome, state = server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds(),
+                                 start_models=models)
     np.testing.assert_array_equal(outcome.models, [[1.5, 1.5], [2.5, 2.5], [1.5, 1.5]])   # cluster 2 := cluster 0
     assert state.health.reseeded_from[0].tolist() == [-1, -1, 0]
 
@@ -272,7 +273,8 @@ def test_duplicates_wait_for_the_clients_reports_under_partial_participation() -
         state = server_init(FederationState.of_clients(np.arange(12), 3), 1, 3, SETTINGS, participation)
         state = ServerState(federation=state.federation, estimate=None, health=_settled(), view=None)
         for t in range(10):
-            _, state = server_step(np.zeros((3, 2)), state, replies, t, SETTINGS, participation, InfluenceBounds())
+            _, state = server_step(np.zeros((3, 2)), state, replies, t, SETTINGS, participation, InfluenceBounds(),
+                                   start_models=np.zeros((3, 2)))
             if (state.view.merged_into >= 0).any():
                 return t + 1
         return -1

@@ -185,7 +185,8 @@ def test_the_server_step_parts_a_crowded_source_on_its_signatures() -> None:
     for t in range(3):
         replies = RoundReplies(rows=np.arange(8), routes=routes, preferred=routes, num_examples=np.ones(8),
                                losses=losses, trained_models=models[routes] + 0.1)
-        outcome, server = server_step(models, server, replies, t, settings, Participation(), InfluenceBounds())
+        outcome, server = server_step(models, server, replies, t, settings, Participation(), InfluenceBounds(),
+                                      start_models=models)
         if server.health.reseeded_from[0, 2] >= 0:
             break
     assert server.health.reseeded_from[0].tolist() == [-1, -1, 0]

@@ -137,7 +137,8 @@ def test_the_server_step_reseeds_the_empty_cluster_from_a_minoritys_shared_clust
         for t in range(8):
             replies = RoundReplies(rows=np.arange(21), routes=routes, preferred=routes, num_examples=np.ones(21),
                                    losses=losses, trained_models=models[routes] + 0.1)
-            _, server = server_step(models, server, replies, t, settings, Participation(), InfluenceBounds())
+            _, server = server_step(models, server, replies, t, settings, Participation(), InfluenceBounds(),
+                                    start_models=models)
             if server.health.reseeded_from[0, 0] >= 0:
                 return t, server
         return None, server

@@ -80,7 +80,7 @@ def _crowded_round(settings):
                            num_examples=np.array([2.0, 2.0, 1.0, 1.0, 1.0]),
                            losses=np.tile([0.1, 0.5, 2.0], (5, 1)),
                            trained_models=np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [5.5, 5.5]]))
-    return server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds())
+    return server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds(), start_models=models)
 
 
 def test_the_server_step_splits_the_crowded_cluster_between_itself_and_the_reseeded_one() -> None:
@@ -127,7 +127,8 @@ def test_a_batch_of_runs_splits_each_run_as_it_would_alone() -> None:
                            preferred=np.tile([0, 0, 0, 0, 1], 2), num_examples=np.tile([2.0, 2.0, 1.0, 1.0, 1.0], 2),
                            losses=np.tile([0.1, 0.5, 2.0], (10, 1)), trained_models=np.vstack([trained, trained + 1.0]),
                            run_index=np.repeat([0, 1], 5))
-    batched, state = server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds(), num_runs=2)
+    batched, state = server_step(models, state, replies, 5, settings, Participation(), InfluenceBounds(), num_runs=2,
+                                 start_models=models)
     assert state.health.reseeded_from.tolist() == [[-1, -1, 0], [-1, -1, 0]]
     np.testing.assert_allclose(batched.models[0], alone.models)
     np.testing.assert_allclose(batched.models[1], alone.models + 1.0)

@@ -112,7 +112,8 @@ def test_the_server_step_reads_structure_only_from_a_clusters_own_replies() -> N
                            preferred=np.array([0, 0, 0, 0, 1, 1, 1, 1, 1]), num_examples=np.ones(9),
                            losses=np.tile([0.1, 0.1, 2.0], (9, 1)), trained_models=np.array(trained))
     for round_index in range(3):
-        _, state = server_step(models, state, replies, round_index, settings, Participation(), InfluenceBounds())
+        _, state = server_step(models, state, replies, round_index, settings, Participation(), InfluenceBounds(),
+                                start_models=models)
         assert state.health.reseeded_from[0].tolist() == [-1, -1, -1]
     assert state.health.spare[0].tolist() == [False, False, True]
 
