@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import ArrayLike
 
 from fedroute.core.federation import FederationState
 from fedroute.core.controllers import consolidating_greedy_routes
@@ -17,10 +18,8 @@ from fedroute.core.influence import InfluenceBounds
 from fedroute.core.methods import PRESETS, method_settings
 from fedroute.core.participation import Participation
 from fedroute.core.server_step import RoundReplies, ServerState, server_init, server_step
-from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
-from support.app_config import app_run_config
-from support.builtin_runs import builtin_nodes, builtin_run
+from support.builtin_runs import boundaries_in_both_runtimes
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -60,10 +59,9 @@ def test_a_cluster_that_is_not_spare_is_never_idle() -> None:
 # server_step
 # --------------------------------------------------------------------------- #
 SETTINGS = method_settings("exp3", num_clusters=3)
-NDArrayLike = Any
 
 
-def _spare_state(num_clients: int, spare: list[bool], routes: NDArrayLike) -> ServerState:
+def _spare_state(num_clients: int, spare: list[bool], routes: ArrayLike) -> ServerState:
     federation = FederationState.of_clients(np.arange(num_clients), 3).record(
         np.arange(num_clients), 0, np.asarray(routes), np.asarray(routes), np.ones(num_clients),
         np.full((num_clients, 3), 0.5))
@@ -195,16 +193,10 @@ def test_a_clients_consolidation_skips_a_spare_as_its_third_cluster_too() -> Non
 def test_flower_equals_the_simulator_through_a_restart(fraction: float, seed: int, num_clusters: int,
                                                        caplog: Any) -> None:
     rounds = 12
-    run_config = app_run_config({"task": "boundaries", "num-clients": 15, "num-server-rounds": rounds, "seed": seed,
-                                 "fraction-train": fraction, "preset": "generic", "init": "random",
-                                 "num-clusters": num_clusters, "method": "exp3", "collapse-patience": 2})
-    settings = parse_run_config(run_config)
-    assert settings.routing["exp3"].restart_idle_spares                  # the generic default's
-    grid = builtin_nodes(run_config, 15, node_seed=3)
     with caplog.at_level(logging.INFO, logger="fedroute"):
-        strategy = builtin_run(run_config, "exp3", grid, fraction, num_models=num_clusters)
+        settings, strategy, history = boundaries_in_both_runtimes(seed, fraction, num_clusters, rounds)
+    assert settings.routing["exp3"].restart_idle_spares                  # the generic default's
     participation = Participation(fraction, 2)
-    history = simulate(settings.task, settings.routing["exp3"], rounds, seed, participation=participation)
     for t in range(rounds):
         played = np.flatnonzero(history.played[t])
         assert [strategy.client_routes[t][c] for c in played] == history.routes[t, played].tolist(), t

@@ -16,10 +16,8 @@ from fedroute.core.server_step import ServerState, server_init
 from fedroute.core.settings import RoutingSettings
 from fedroute.core.signature_start import SignatureState, held_routes
 from fedroute.core.health import ClusterHealth, update_health
-from fedroute.server.run_config import parse_run_config
 from fedroute.simulation.simulator import simulate
-from support.app_config import app_run_config
-from support.builtin_runs import builtin_nodes, builtin_run
+from support.builtin_runs import boundaries_in_both_runtimes
 from fedroute.core.signature_twins import MIN_TWIN_CLIENTS, signature_twins, twin_holds, twin_report, twin_sources
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -171,15 +169,9 @@ def test_a_cluster_whose_clients_are_held_on_a_twin_is_spare_and_triggers_no_exp
 @pytest.mark.parametrize("fraction, seed, num_clusters", [(1.0, 4, 5), (0.5, 4, 6)])
 def test_flower_equals_the_simulator_through_a_merge_by_signature(fraction: float, seed: int, num_clusters: int,
                                                                     caplog: Any) -> None:
-    run_config = app_run_config({"task": "boundaries", "num-clients": 15, "num-server-rounds": 12, "seed": seed,
-                                 "fraction-train": fraction, "preset": "generic", "init": "random",
-                                 "num-clusters": num_clusters, "method": "exp3", "collapse-patience": 2})
-    settings = parse_run_config(run_config)
-    assert settings.routing["exp3"].merge_by_signature                   # the generic default's
-    grid = builtin_nodes(run_config, 15, node_seed=3)
     with caplog.at_level(logging.INFO, logger="fedroute"):
-        strategy = builtin_run(run_config, "exp3", grid, fraction, num_models=num_clusters)
-    history = simulate(settings.task, settings.routing["exp3"], 12, seed, participation=Participation(fraction, 2))
+        settings, strategy, history = boundaries_in_both_runtimes(seed, fraction, num_clusters, 12)
+    assert settings.routing["exp3"].merge_by_signature                   # the generic default's
     for t in range(12):
         played = np.flatnonzero(history.played[t])
         assert [strategy.client_routes[t][c] for c in played] == history.routes[t, played].tolist(), t

@@ -6,9 +6,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fedroute.server.run_config import parse_run_config
+from fedroute.core.participation import Participation
+from fedroute.server.run_config import RunSettings, parse_run_config
+from fedroute.simulation.simulator import RunHistory, simulate
 from fedroute.strategies.clustered import ClusteredRouting
 from fedroute.strategies.records import array_record
+from support.app_config import app_run_config
 from support.grid import InProcessGrid, builtin_handlers
 
 
@@ -35,3 +38,18 @@ def builtin_run(run_config: Mapping[str, Any], method: str, grid: InProcessGrid,
     strategy.start(grid, [array_record({"weights": m}) for m in settings.task.initial_models(num_models)],
                    num_rounds=settings.num_rounds)
     return strategy
+
+
+def boundaries_in_both_runtimes(seed: int, fraction: float, num_clusters: int, rounds: int
+                                ) -> tuple[RunSettings, ClusteredRouting, RunHistory]:
+    """The generic default (``exp3``) on the boundaries task (15 clients, random start, collapse patience 2) in
+    Flower (in-process nodes) and in the simulator: the run settings, the strategy after its run, the history.
+    The caller compares them round for round (routes of the clients that played, final models)."""
+    run_config = app_run_config({"task": "boundaries", "num-clients": 15, "num-server-rounds": rounds, "seed": seed,
+                                 "fraction-train": fraction, "preset": "generic", "init": "random",
+                                 "num-clusters": num_clusters, "method": "exp3", "collapse-patience": 2})
+    settings = parse_run_config(run_config)
+    strategy = builtin_run(run_config, "exp3", builtin_nodes(run_config, 15, node_seed=3), fraction,
+                           num_models=num_clusters)
+    history = simulate(settings.task, settings.routing["exp3"], rounds, seed, participation=Participation(fraction, 2))
+    return settings, strategy, history
