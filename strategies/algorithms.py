@@ -99,6 +99,8 @@ def routing_step(state: RunState, round_index: int, valid: Sequence[TrainReply],
         trained_models=protocol.stack_flat([r.model for r in valid], protocol.flat_dtype(template))
         if valid else np.zeros((0, protocol.stack_flat(state.cluster_models[:1]).shape[1])),
         signatures=reply_signatures(valid))
+    if rules.routing.restart_idle_spares and state.start_models is None:   # driven without start(): its first models
+        state.start_models = protocol.stack_flat(state.cluster_models)
     before = state.server.signatures
     outcome, state.server = server_step(protocol.stack_flat(state.cluster_models),
                                         replace(state.server, federation=federation), replies, round_index,
