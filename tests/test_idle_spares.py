@@ -209,3 +209,21 @@ def test_flower_equals_the_simulator_through_a_restart(fraction: float, seed: in
                        participation=participation)
     assert not np.allclose(without.cluster_models[-1][restarted], history.cluster_models[-1][restarted])
     np.testing.assert_array_equal(history.cluster_models[-1][restarted], history.cluster_models[0][restarted])
+
+
+def test_a_strategy_driven_without_start_takes_its_first_models_as_the_start() -> None:
+    """A user's own loop may call the strategy's step without ``start()``: the first models it aggregates from are
+    the start an idle spare returns to (not a refused step), and a later step keeps them."""
+    from fedroute.strategies.algorithms import StepRules, routing_step
+    from fedroute.strategies.state import RunState
+
+    routing = method_settings("exp3", num_clusters=3)
+    state = RunState.new(routing, Participation())
+    first = [{"w": np.full(2, float(k))} for k in range(3)]
+    state.cluster_models = first
+    rules = StepRules(routing, Participation(), InfluenceBounds())
+    routing_step(state, 0, [], rules)
+    np.testing.assert_array_equal(state.start_models, np.stack([m["w"] for m in first]))
+    state.cluster_models = [{"w": np.full(2, 9.0)} for _ in range(3)]
+    routing_step(state, 1, [], rules)
+    np.testing.assert_array_equal(state.start_models, np.stack([m["w"] for m in first]))
