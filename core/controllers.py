@@ -23,6 +23,7 @@ __all__ = [
     "greedy_routes",
     "consolidating_greedy_routes",
     "close_twin",
+    "nearest_third",
     "one_hot",
     "rank_hedge",
     "reversal",
@@ -118,13 +119,22 @@ def _close_relative_to_third(losses: NDArray[np.float64], remaining: NDArray[np.
     rows = np.arange(len(logs))
     own = logs.min(axis=-1, keepdims=True)
     alternative = np.log(np.maximum(remaining.min(axis=-1, keepdims=True), tiny))
-    others = logs.copy()
-    others[rows, logs.argmin(axis=-1)] = np.inf
-    others[rows, remaining.argmin(axis=-1)] = np.inf
+    pair = np.zeros(logs.shape, dtype=bool)
+    pair[rows, logs.argmin(axis=-1)] = True
+    pair[rows, remaining.argmin(axis=-1)] = True
+    return close_twin(alternative - own, nearest_third(logs, pair, not_third)[:, None] - own, loss_ratio)
+
+
+def nearest_third(logs: NDArray[np.float64], pair: NDArray[np.bool_],
+                  not_third: Optional[NDArray[np.bool_]] = None) -> NDArray[np.float64]:
+    """Per client, its smallest log loss over the clusters outside its ``pair`` (``logs``, ``pair``: (n, K)) —
+    the duplicate test's third cluster — skipping the ``not_third`` clusters ((K,) or (n, K)) while another is
+    left.  Shared by :func:`fedroute.core.health.duplicate_twins` and :func:`consolidating_greedy_routes`."""
+    candidates = ~np.asarray(pair, dtype=bool)
     if not_third is not None:
-        eligible = np.where(np.broadcast_to(np.asarray(not_third, dtype=bool), others.shape), np.inf, others)
-        others = np.where(np.isfinite(eligible).any(axis=-1, keepdims=True), eligible, others)
-    return close_twin(alternative - own, others.min(axis=-1, keepdims=True) - own, loss_ratio)
+        preferred = candidates & ~np.broadcast_to(np.asarray(not_third, dtype=bool), candidates.shape)
+        candidates = np.where(preferred.any(axis=-1, keepdims=True), preferred, candidates)
+    return np.where(candidates, logs, np.inf).min(axis=-1)
 
 
 def close_twin(twin: NDArray[np.float64] | float, third: NDArray[np.float64] | float,

@@ -73,7 +73,7 @@ from typing import Callable, Optional
 import numpy as np
 from numpy.typing import NDArray
 
-from fedroute.core.controllers import close_twin
+from fedroute.core.controllers import close_twin, nearest_third
 from fedroute.core.settings import INCLUSIVE_SLACK, RoutingSettings
 
 __all__ = ["ClusterHealth", "RoutingView", "duplicate_twins", "twin_pairs", "within_reach", "update_health",
@@ -283,12 +283,9 @@ def _side(own: NDArray[np.float64], cluster: int, twin: int, not_third: Optional
           ) -> tuple[float, float]:
     """Median log ratio of a cluster's clients to the twin and to the nearest third cluster (one that is not
     ``not_third``, (K,), when there is one)."""
-    others = np.delete(own, [cluster, twin], axis=1)
-    if not_third is not None:
-        eligible = ~np.delete(np.asarray(not_third, dtype=bool), [cluster, twin])
-        if eligible.any():
-            others = others[:, eligible]
-    third = others.min(axis=1)
+    pair = np.zeros(own.shape, dtype=bool)
+    pair[:, [cluster, twin]] = True
+    third = nearest_third(own, pair, not_third)
     return float(np.median(own[:, twin] - own[:, cluster])), float(np.median(third - own[:, cluster]))
 
 
