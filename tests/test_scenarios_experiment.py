@@ -25,6 +25,7 @@ from fedroute.simulation.experiments.scenarios import (
     reference_losses,
     reduce_scenario,
     perturbation_ratios,
+    late_start_rounds,
     shared_reference_losses,
 )
 from fedroute.core.methods import GREEDY, method_settings
@@ -81,6 +82,24 @@ def test_the_perturbation_check_trains_round_0_with_one_client_per_group():
     assert not np.allclose(result[3], reference_losses(tasks, 3, [3])[3])
     # Moved by 10 % up in one group and 25 % down in another: the check reads 1.25 (symmetric in the direction).
     np.testing.assert_allclose(perturbation_ratios([[1.0, 2.0], [1.0, 1.0]], [[1.1, 1.6], [1.0, 1.0]]), [1.25, 1.0])
+
+
+def test_the_late_start_check_trains_nobody_before_its_round():
+    scenario = SCENARIOS["collinear"]
+    tasks = [StartedTask(scenario.make_task(seed), initial_models(scenario, "random", seed)) for seed in (1, 2)]
+    result = reference_losses(tasks, 3, [1, 4], late_start=2)
+    for r, started in enumerate(tasks):
+        clients = started.clients(np.arange(started.num_clients))
+        for g in range(3):
+            members = np.flatnonzero(clients.groups == g)
+            model = np.asarray(started.start_models[0], dtype=np.float64)
+            assert result[1][r, g] == pytest.approx(clients.losses(model[None], "test")[members, 0].mean())
+            for t in (2, 3):                                          # rounds 0 and 1: nobody trains
+                model = clients.local_update(np.repeat(model[None], len(members), 0), members, t).mean(axis=0)
+            assert result[4][r, g] == pytest.approx(clients.losses(model[None], "test")[members, 0].mean())
+    assert not np.allclose(result[4], reference_losses(tasks, 3, [4])[4])
+    assert late_start_rounds(SCENARIOS["digits-p10"]) == 10 and late_start_rounds(SCENARIOS["digits"]) == 1
+    assert late_start_rounds(SCENARIOS["digits-p25"]) == 4
 
 
 def test_judging_converged_and_no_harm():

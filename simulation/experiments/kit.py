@@ -302,8 +302,10 @@ def train_groups_alone(clients: Any, run_of_client: np.ndarray, models: np.ndarr
     for t in range(last + 1):
         if t in rounds:
             kept[t] = models
-        if t < last:
-            rows = np.arange(len(routes)) if plays is None else np.flatnonzero(plays(t))
+        if t == last:
+            break
+        rows = np.arange(len(routes)) if plays is None else np.flatnonzero(plays(t))
+        if len(rows):                                                # a round nobody plays leaves the models
             trained = clients.local_update(models[run_of_client[rows], routes[rows]], rows, t)
             if bounds is None:
                 models = hard_update(models, trained, routes[rows], clients.num_examples[rows], run_of_client[rows])
